@@ -1,0 +1,99 @@
+"""Typed records of one measurement: request -> level summary -> trial result.
+
+These are the values passed between `load`, `trial` and `results`; `results` turns them into
+Arrow tables with explicit schemas. All times are seconds, measured with `time.perf_counter()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request of one measured level, as the client saw it."""
+
+    level: int                    # concurrency of the level (or the rate, for open loop)
+    index: int                    # order in which the request was sent within the level
+    start: float                  # send time, seconds since the level started
+    end: float                    # completion (or failure / cancel) time, same clock
+    ttft: float | None            # time to first token; None if no token arrived
+    input_tokens: int             # prompt length as sent (tokens, or the server's count)
+    output_tokens: int            # completion tokens received
+    chunk_gaps: tuple[float, ...] = ()   # gaps between streamed chunks (ITL per chunk)
+    verify_ct: int | None = None         # speculative verify steps (SGLang `spec_verify_ct`)
+    accepted_tokens: int | None = None   # accepted draft tokens, where the server says
+    draft_tokens: int | None = None      # proposed draft tokens, where the server says
+    accept_histogram: tuple[int, ...] = ()   # per-position accepted counts, where given
+    in_window: bool = True        # completed inside the measurement window (counts in stats)
+    error: str | None = None      # None = ok; else a short reason ("timeout", "http 500", ...)
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class LevelSummary:
+    """Aggregate figures of one concurrency level (or request rate) of one trial."""
+
+    concurrency: int
+    mode: str                     # "closed" (fixed concurrency) or "rate" (Poisson arrivals)
+    rate: float | None            # requests/s for mode "rate"
+    duration_s: float             # length of the measurement window
+    requests: int                 # requests completed in the window (ok or not)
+    errors: int                   # failed requests in the window
+    output_tokens: int            # output tokens that arrived inside the window
+    output_tok_s: float
+    requests_s: float
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    tpot_p99: float | None
+    itl_p50: float | None
+    itl_p90: float | None
+    itl_p99: float | None
+    e2e_p50: float | None
+    e2e_p90: float | None
+    e2e_p99: float | None
+    accept_length: float | None   # sum(completion tokens) / sum(verify steps) over this window
+    accept_histogram: tuple[int, ...] = ()   # summed per-position accepted counts of the window
+    over_running_limit: bool = False         # concurrency > the server's running limit (queueing)
+    suspect: bool = False                    # errors or telemetry flags: keep out of verdicts
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What the server says about itself after boot."""
+
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    gpu_ids: tuple[str, ...] = ()            # the CUDA_VISIBLE_DEVICES it was given
+    boot_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+TRIAL_STATUSES = ("ok", "infeasible", "failed", "pruned")
+
+
+@dataclass(frozen=True, slots=True)
+class TrialResult:
+    """One trial: one server boot with one parameter set, measured at each level."""
+
+    trial_id: str
+    params: dict[str, Any]
+    status: str                   # one of TRIAL_STATUSES
+    reason: str = ""              # why, for anything but "ok"
+    facts: ServerFacts = field(default_factory=ServerFacts)
+    levels: tuple[LevelSummary, ...] = ()
+    wall_s: float = 0.0
+    repeat: int = 0               # 0 = first measurement of these params, 1.. = re-measurements
+    suspect: bool = False
