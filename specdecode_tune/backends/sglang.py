@@ -1,0 +1,131 @@
+"""SGLang (`python -m sglang.launch_server`) and the simulator, which takes the same flags.
+
+SGLang's rules that shape the argv (../shared/SERVERS.md): the three speculative numbers are
+passed together or not at all (the baseline passes none, nor the algorithm); any other searched
+or fixed setting is passed as `--name-with-dashes value`, a true boolean as a bare flag.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Mapping
+
+from ..config import BackendConfig
+from ..records import ServerFacts
+from ..space import DRAFT, STEPS, TOPK, is_baseline
+
+_SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
+               (DRAFT, "--speculative-num-draft-tokens"))
+
+
+def flag_args(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """`--name-with-dashes value` for each setting; True -> bare flag, False/None -> nothing."""
+    out: list[str] = []
+    for name, value in params.items():
+        if name in skip or name.startswith("_") or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        out.append(flag) if value is True else out.extend([flag, _fmt(value)])
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(round(value, 6))
+    return str(value)
+
+
+def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (loopback URL)
+        return json.loads(resp.read())
+
+
+class SGLangBackend:
+    name = "sglang"
+    health_path = "/health"
+    module = "sglang.launch_server"
+
+    def program(self, cfg: BackendConfig) -> str:
+        return cfg.binary or sys.executable
+
+    def _head(self, cfg: BackendConfig) -> list[str]:
+        if cfg.binary:
+            return [cfg.binary]
+        return [sys.executable, "-m", self.module]
+
+    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
+        args = ["--model-path", cfg.model_path, "--tp-size", str(cfg.tp_size)]
+        if not is_baseline(params) and cfg.speculative_algorithm:
+            args += ["--speculative-algorithm", cfg.speculative_algorithm]
+            if cfg.draft_model_path:
+                args += ["--speculative-draft-model-path", cfg.draft_model_path]
+            for name, flag in _SPEC_FLAGS:
+                args += [flag, str(int(params[name]))]
+        args += flag_args(params, skip=(STEPS, TOPK, DRAFT))
+        if "enable_metrics" not in params:
+            args.append("--enable-metrics")
+        return args + list(cfg.extra_args)
+
+    def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
+        return (self._head(cfg) + self.server_args(cfg, params)
+                + ["--host", cfg.host, "--port", str(port)])
+
+    def env(self, cfg: BackendConfig) -> dict[str, str]:
+        return dict(cfg.env)
+
+    def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
+        head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
+        return shlex.join(head + self.server_args(cfg, params))
+
+    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
+        info: dict[str, Any] = {}
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                info = get_json(base_url + path, timeout_s)
+                break
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+        states = info.get("internal_states") or [{}]
+        state = states[0] if isinstance(states, list) and states else {}
+
+        def pick(key: str) -> int | None:
+            # The scheduler's effective figure first: the top-level server arg may be the
+            # unset flag (None) even though the scheduler capped it.
+            for src in (state, info):
+                value = src.get(key) if isinstance(src, dict) else None
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    return int(value)
+            return None
+
+        gpu_ids = info.get("gpu_ids")
+        return ServerFacts(
+            max_total_num_tokens=pick("max_total_num_tokens"),
+            max_running_requests=pick("max_running_requests"),
+            gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
+            extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
+        )
+
+
+class SimBackend(SGLangBackend):
+    """The embedded simulator: SGLang's flags plus its profile and boot-time override."""
+
+    name = "sim"
+    module = "specdecode_tune.sim"
+
+    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
+        args = super().server_args(cfg, params)
+        if cfg.profile:
+            args += ["--profile", cfg.profile]
+        if cfg.boot_time_s is not None:
+            args += ["--boot-time", _fmt(float(cfg.boot_time_s))]
+        return args
+
+    def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
+        # The simulator stands in for SGLang: the command to take away is SGLang's.
+        return shlex.join(["python", "-m", "sglang.launch_server"]
+                          + SGLangBackend.server_args(self, cfg, params))

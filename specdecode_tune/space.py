@@ -1,0 +1,184 @@
+"""The search space and the rules of speculative-decoding parameters.
+
+SGLang's rules (see ../shared/SERVERS.md) decide which points are real configurations:
+- the three numbers (steps, topk, draft tokens) are set together or not at all;
+- with topk = 1 the server forces draft tokens = steps + 1, so draft tokens are derived, not
+  searched (searching them would boot the same server twice under two names);
+- `steps * topk + 1 < draft tokens` is refused: such a point is never booted;
+- steps = 0 means no speculation: the baseline.
+
+Values come from, in order: the searched parameters, the backend's fixed flags, defaults
+(topk 1; draft tokens = the whole tree, steps * topk + 1, when topk > 1 and nothing says).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+STEPS = "speculative_num_steps"
+TOPK = "speculative_eagle_topk"
+DRAFT = "speculative_num_draft_tokens"
+MEM = "mem_fraction_static"
+PARAM_TYPES = ("int", "float", "categorical")
+
+# The point every search measures first: the same server without speculation.
+BASELINE: dict[str, Any] = {STEPS: 0}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched parameter: an int or float range (optionally log / stepped) or choices."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type not in PARAM_TYPES:
+            raise ValueError(f"type must be one of {PARAM_TYPES}, got {self.type!r}")
+
+    @property
+    def ordinal(self) -> bool:
+        """Ordered values (ranges, and categoricals of numbers)."""
+        if self.type != "categorical":
+            return True
+        return all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.choices)
+
+    def values(self) -> list[Any]:
+        """Every value of a discrete parameter (int, stepped float or categorical)."""
+        if self.type == "categorical":
+            return list(self.choices)
+        if self.type == "int":
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.step:
+            n = int(round((self.high - self.low) / self.step))
+            return [round(self.low + i * self.step, 10) for i in range(n + 1)]
+        raise ValueError(f"{self.name}: a continuous float range has no finite set of values")
+
+    def grid(self, n: int = 5) -> list[Any]:
+        """Values for a grid: all discrete values, or n evenly spaced points of a float range."""
+        if self.type != "float" or self.step:
+            return self.values()
+        return [self.low + (self.high - self.low) * i / (n - 1) for i in range(n)]
+
+    def contains(self, value: Any) -> bool:
+        if self.type == "categorical":
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return self.low - 1e-9 <= value <= self.high + 1e-9
+
+
+def is_baseline(params: Mapping[str, Any]) -> bool:
+    """No speculation: steps = 0 (or unset with no algorithm)."""
+    return int(params.get(STEPS) or 0) == 0
+
+
+def resolve(sampled: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict[str, Any]:
+    """The full server settings of one point: fixed flags overlaid by the sampled values, with
+    the speculative triple completed by SGLang's rules. The baseline carries no triple."""
+    params = {**fixed, **sampled}
+    if is_baseline(params):
+        for k in (STEPS, TOPK, DRAFT):
+            params.pop(k, None)
+        params[STEPS] = 0
+        return params
+    steps = int(params[STEPS]) if STEPS in params else 3
+    topk = int(params.get(TOPK, 1))
+    params[STEPS], params[TOPK] = steps, topk
+    if topk == 1:
+        params[DRAFT] = steps + 1
+    elif DRAFT not in params:
+        params[DRAFT] = steps * topk + 1
+    else:
+        params[DRAFT] = int(params[DRAFT])
+    return params
+
+
+def invalid_reason(params: Mapping[str, Any]) -> str | None:
+    """Why the server would refuse these resolved settings, or None if it would boot them."""
+    if is_baseline(params):
+        return None
+    steps, topk, draft = params.get(STEPS), params.get(TOPK), params.get(DRAFT)
+    if steps is None or topk is None or draft is None:
+        return "speculative_num_steps, speculative_eagle_topk and " \
+               "speculative_num_draft_tokens must be set together"
+    if steps < 1 or topk < 1:
+        return f"steps = {steps} and topk = {topk} must be >= 1"
+    if draft < 2:
+        return f"speculative_num_draft_tokens = {draft} must be >= 2"
+    if steps * topk + 1 < draft:
+        return (f"speculative_num_draft_tokens = {draft} > steps * topk + 1 = "
+                f"{steps * topk + 1}: the draft tree has no room for that many tokens")
+    mem = params.get(MEM)
+    if mem is not None and not 0 < float(mem) <= 1:
+        return f"mem_fraction_static = {mem} must be in (0, 1]"
+    return None
+
+
+def _discrete(spec: ParamSpec) -> list[Any]:
+    return spec.grid(3)
+
+
+def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> dict | None:
+    """Some sampled point of the space that resolves to valid settings, or None if none does.
+    Only the speculative triple can make a point invalid, so only its axes are enumerated."""
+    axes = [s for s in space if s.name in (STEPS, TOPK, DRAFT)]
+    others = {s.name: _discrete(s)[0] for s in space if s not in axes}
+    for combo in itertools.product(*(_discrete(s) for s in axes)):
+        sampled = {**others, **{s.name: v for s, v in zip(axes, combo)}}
+        if invalid_reason(resolve(sampled, fixed)) is None:
+            return sampled
+    return None
+
+
+class DefineByRun:
+    """Optuna define-by-run space for OptunaSearch: suggests each parameter, and draft tokens
+    only where they are free (topk > 1), within the range the tree allows.
+
+    Returns the derived constants (draft tokens when topk = 1) so that Tune's config holds the
+    full triple. Where no draft count fits the tree for the chosen steps/topk, it suggests from
+    the declared range; the trial then finds the point invalid and reports it without a boot.
+    Picklable: Ray pickles the searcher with this function."""
+
+    def __init__(self, space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> None:
+        self.space = tuple(space)
+        self.fixed = dict(fixed)
+
+    def __call__(self, trial: Any) -> dict[str, Any] | None:
+        values: dict[str, Any] = {}
+        draft_spec = None
+        for spec in self.space:
+            if spec.name == DRAFT:
+                draft_spec = spec
+            else:
+                values[spec.name] = _suggest(trial, spec)
+        merged = {**self.fixed, **values}
+        if is_baseline(merged):
+            return None
+        steps, topk = int(merged.get(STEPS, 3)), int(merged.get(TOPK, 1))
+        if topk == 1:
+            return {DRAFT: steps + 1}
+        if draft_spec is not None:
+            if draft_spec.type == "int" and draft_spec.low <= steps * topk + 1:
+                trial.suggest_int(DRAFT, int(draft_spec.low),
+                                  min(int(draft_spec.high), steps * topk + 1))
+            else:
+                _suggest(trial, draft_spec)
+        return None
+
+
+def _suggest(trial: Any, spec: ParamSpec) -> Any:
+    if spec.type == "categorical":
+        return trial.suggest_categorical(spec.name, list(spec.choices))
+    if spec.type == "int":
+        return trial.suggest_int(spec.name, int(spec.low), int(spec.high),
+                                 step=int(spec.step or 1), log=spec.log)
+    return trial.suggest_float(spec.name, float(spec.low), float(spec.high),
+                               step=spec.step, log=spec.log)
