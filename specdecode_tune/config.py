@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from .errors import ConfigError
 from .space import PARAM_TYPES, ParamSpec, first_valid_point
@@ -128,18 +129,57 @@ class BackendConfig:
     boot_time_s: float | None = None   # sim only: override the profile's boot time
 
 
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """What requests look like: seeded random prompts or a JSONL prompt file."""
+WORKLOAD_KINDS = ("random", "jsonl")
+Length = int | tuple[int, int]
 
-    kind: str = "random"                          # "random" | "jsonl"
-    input_len: int | tuple[int, int] = 256        # tokens; a (low, high) range is sampled
-    output_len: int | tuple[int, int] = 256
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """What a trial sends. Validated on construction; bad values raise `ConfigError`."""
+
+    kind: str = "random"
+    input_len: Length = 256
+    output_len: Length = 256
     seed: int = 0
     temperature: float = 0.0
     ignore_eos: bool = True
-    path: str | None = None                       # JSONL prompts for kind "jsonl"
-    max_prompts: int = 1000
+    path: str | None = None
+    max_prompts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORKLOAD_KINDS:
+            _bad("kind", self.kind, f"one of {', '.join(WORKLOAD_KINDS)}")
+        # TOML gives arrays as lists; store ranges as tuples so the spec stays hashable.
+        object.__setattr__(self, "input_len", _length("input_len", self.input_len))
+        object.__setattr__(self, "output_len", _length("output_len", self.output_len))
+        if not _is_int(self.seed):
+            _bad("seed", self.seed, "an integer")
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not 0.0 <= self.temperature <= 100.0
+        ):
+            _bad("temperature", self.temperature, "a number >= 0")
+        if not isinstance(self.ignore_eos, bool):
+            _bad("ignore_eos", self.ignore_eos, "true or false")
+        if self.max_prompts is not None and (not _is_int(self.max_prompts) or self.max_prompts < 1):
+            _bad("max_prompts", self.max_prompts, "an integer >= 1, or unset")
+        if self.kind == "jsonl":
+            if not isinstance(self.path, str | os.PathLike) or not str(self.path):
+                _bad("path", self.path, "a JSONL prompt file (required for kind jsonl)")
+            if not os.path.isfile(self.path):
+                _bad("path", str(self.path), "an existing JSONL file")
+        elif self.path is not None:
+            _bad("path", self.path, "unset for kind random (it only applies to kind jsonl)")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> WorkloadSpec:
+        """Build from the experiment's `[workload]` table; an unknown key is a `ConfigError`."""
+        allowed = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in allowed:
+                _bad(key, data[key], ", ".join(allowed), what="unknown key, value")
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -416,7 +456,7 @@ def _workload(t: _Table, base_dir: Path | None) -> WorkloadSpec:
         temperature=float(temperature),
         ignore_eos=t.get("ignore_eos", bool, True),
         path=path,
-        max_prompts=_positive(t, "max_prompts", int, 1000),
+        max_prompts=_positive(t, "max_prompts", int, None),
     )
     t.done()
     return spec
@@ -529,3 +569,29 @@ def _check_space_has_valid_config(exp: Experiment, where: str) -> None:
         raise ConfigError(f"{where}: the search space allows no valid configuration "
                           f"(speculative_num_draft_tokens must be <= steps * topk + 1 and "
                           f">= 2 for some steps/topk in the space)")
+
+
+# Workload value checks, shared by WorkloadSpec's own validation.
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _length(key: str, v: Any) -> Length:
+    allowed = "an integer >= 1 or [low, high] with 1 <= low <= high"
+    if _is_int(v):
+        if v < 1:
+            _bad(key, v, allowed)
+        return v
+    if isinstance(v, list | tuple) and len(v) == 2 and all(_is_int(x) for x in v):
+        low, high = v
+        if not 1 <= low <= high:
+            _bad(key, list(v), allowed)
+        return (low, high)
+    _bad(key, v, allowed)
+
+
+def _bad(key: str, value: Any, allowed: str, what: str = "got") -> NoReturn:
+    # One line: the key, the value, what is allowed.
+    raise ConfigError(f"workload.{key}: {what} {value!r}; allowed: {allowed}")

@@ -1,0 +1,228 @@
+"""Workloads: which prompts a load level sends, with which output lengths and sampling settings.
+
+Two kinds:
+
+- ``random``: prompts of seeded random common words, one word per token for a server that
+  counts whitespace words (a real tokenizer sees about one token per common word too). Input
+  and output lengths are fixed or drawn uniformly from an inclusive ``(low, high)`` range.
+- ``jsonl``: one prompt per line of a file, in any of three shapes:
+  ``{"messages": [{"role": ..., "content": ...}, ...]}`` (OpenAI style),
+  ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}, ...]}`` (ShareGPT style),
+  or ``{"prompt": "..."}``. Trailing assistant turns are dropped (they are the reference answer,
+  not part of the prompt). Output lengths come from the spec, so trials stay comparable.
+
+Everything is deterministic per ``(seed, stream)``: ``stream`` selects an independent sequence
+(the trial gives each level its own, so a server's prefix cache never sees a repeated prompt
+from an earlier level, while level k of every trial gets exactly the same prompts).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from specdecode_tune.config import Length, WorkloadSpec
+from specdecode_tune.errors import ConfigError
+
+# Common short English words: most tokenizers encode " word" as a single token, so a prompt of
+# N words is close to N tokens on a real server and exactly N on one that counts words.
+_VOCAB = tuple(
+    """the of and to in is was for on are with as his they be at one have this from or had by
+    word but what some we can out other were all there when up use your how said an each she
+    which do their time if will way about many then them write would like so these her long
+    make thing see him two has look more day could go come did number sound no most people my
+    over know water than call first who may down side been now find any new work part take get
+    place made live where after back little only round man year came show every good me give
+    our under name very through just form sentence great think say help low line differ turn
+    cause much mean before move right boy old too same tell does set three want air well also
+    play small end put home read hand port large spell add even land here must big high such
+    follow act why ask men change went light kind off need house picture try us again animal
+    point mother world near build self earth father head stand own page should country found
+    answer school grow study still learn plant cover food sun four between state keep eye never
+    last let thought city tree cross farm hard start might story saw far sea draw left late run
+    while press close night real life few north open seem together next white children begin
+    got walk example ease paper group always music those both mark often letter until mile
+    river car feet care second book carry took science eat room friend began idea fish
+    mountain stop once base hear horse cut sure watch color face wood main enough plain girl
+    usual young ready above ever red list though feel talk bird soon body dog family direct
+    pose leave song measure door product black short numeral class wind question happen
+    complete ship area half rock order fire south problem piece told knew pass since top whole
+    king space heard best hour better true during hundred five remember step early hold west
+    ground interest reach fast verb sing listen six table travel less morning ten simple
+    several vowel toward war lay against pattern slow center love person money serve appear
+    road map rain rule govern pull cold notice voice unit power town fine certain fly fall
+    lead cry dark machine note wait plan figure star box noun field rest correct able pound
+    done beauty drive stood contain front teach week final gave green quick develop ocean warm
+    free minute strong special mind behind clear tail produce fact street inch multiply
+    nothing course stay wheel full force blue object decide surface deep moon island foot
+    system busy test record boat common gold possible plane stead dry wonder laugh thousand
+    ago ran check game shape equate miss brought heat snow tire bring yes distant fill east
+    paint language among""".split()
+)
+
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+_CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One request's worth of workload: what to send and how much to ask for."""
+
+    text: str                                   # the prompt as plain text (all APIs but chat)
+    messages: tuple[dict[str, str], ...] | None  # chat turns for /v1/chat/completions, if any
+    input_len: int                              # estimate: whitespace words in the prompt
+    output_len: int                             # tokens to ask for (max_new_tokens / max_tokens)
+    temperature: float = 0.0
+    ignore_eos: bool = True
+
+
+def make_prompts(spec: WorkloadSpec, n: int, stream: int = 0) -> list[Prompt]:
+    """The first `n` prompts of `spec`'s sequence number `stream` (deterministic)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n=}")
+    return list(itertools.islice(iter_prompts(spec, stream), n))
+
+
+def iter_prompts(spec: WorkloadSpec, stream: int = 0) -> Iterator[Prompt]:
+    """An endless, deterministic prompt sequence; with `max_prompts` it cycles over that many."""
+    rng = random.Random(_mix(spec.seed, stream))
+    if spec.kind == "random":
+        gen = _random_prompts(spec, rng)
+        if spec.max_prompts is not None:
+            return itertools.cycle(list(itertools.islice(gen, spec.max_prompts)))
+        return gen
+    return _jsonl_prompts(spec, rng)
+
+
+def _mix(seed: int, stream: int) -> int:
+    # A fixed odd multiplier keeps (seed, stream) pairs apart without Python's salted hash().
+    return (seed * 0x9E3779B97F4A7C15 + stream) & ((1 << 64) - 1)
+
+
+def _draw(rng: random.Random, length: Length) -> int:
+    if isinstance(length, int):
+        return length
+    return rng.randint(length[0], length[1])
+
+
+def _random_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
+    vocab = _VOCAB
+    while True:
+        n_in = _draw(rng, spec.input_len)
+        n_out = _draw(rng, spec.output_len)
+        text = " ".join(rng.choices(vocab, k=n_in))
+        yield Prompt(text, None, n_in, n_out, float(spec.temperature), spec.ignore_eos)
+
+
+def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
+    path = os.fspath(spec.path)  # type: ignore[arg-type]  # validated for kind jsonl
+    st = os.stat(path)
+    rows = _load_jsonl(path, st.st_mtime_ns, st.st_size)
+    if spec.max_prompts is not None:
+        rows = rows[: spec.max_prompts]
+    order = list(range(len(rows)))
+    while True:
+        # A fresh seeded order each pass, so a file sorted by length still mixes within a level.
+        rng.shuffle(order)
+        for i in order:
+            text, messages = rows[i]
+            yield Prompt(
+                text,
+                messages,
+                len(text.split()),
+                _draw(rng, spec.output_len),
+                float(spec.temperature),
+                spec.ignore_eos,
+            )
+
+
+Rows = list[tuple[str, tuple[dict[str, str], ...] | None]]
+
+
+@functools.lru_cache(maxsize=4)
+def _load_jsonl(path: str, mtime_ns: int, size: int) -> Rows:
+    """Parse a prompt file once per (path, version); each level then only shuffles indices."""
+    del mtime_ns, size  # part of the cache key only: a rewritten file is parsed again
+    rows: Rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"workload.path {path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                _bad_row(where, f"not valid JSON ({exc.msg})", "one JSON object per line")
+            rows.append(_parse_row(obj, where))
+    if not rows:
+        _bad_row(f"workload.path {path}", "holds no prompts", "a file with at least one prompt")
+    return rows
+
+
+_ROW_SHAPES = '{"messages": [...]}, {"conversations": [...]} or {"prompt": "..."}'
+# list key -> (role field, text field, role names as written -> chat role)
+_TURN_SHAPES = {
+    "messages": ("role", "content", {r: r for r in _CHAT_ROLES}),
+    "conversations": ("from", "value", _SHAREGPT_ROLES),
+}
+
+
+def _parse_row(obj: Any, where: str) -> tuple[str, tuple[dict[str, str], ...] | None]:
+    if not isinstance(obj, dict):
+        _bad_row(where, f"got {type(obj).__name__}", f"an object {_ROW_SHAPES}")
+    key = next((k for k in _TURN_SHAPES if k in obj), None)
+    if key is None:
+        if "prompt" not in obj:
+            _bad_row(where, f"keys {sorted(obj)!r:.80}", _ROW_SHAPES)
+        text = obj["prompt"]
+        if not isinstance(text, str) or not text.strip():
+            _bad_row(where, f"prompt={text!r:.60}", "a non-empty string")
+        return text, None
+    role_key, text_key, roles = _TURN_SHAPES[key]
+    turns = obj[key]
+    if not isinstance(turns, list) or not turns:
+        _bad_row(where, f"{key}={turns!r:.60}", f"a non-empty list of {{{role_key}, {text_key}}}")
+    msgs = []
+    for t in turns:
+        name = t.get(role_key) if isinstance(t, dict) else None
+        role = roles.get(name.lower()) if isinstance(name, str) else None
+        text = _content_text(t.get(text_key)) if isinstance(t, dict) else None
+        if role is None or text is None:
+            _bad_row(where, f"turn {t!r:.60}",
+                     f'{{"{role_key}": one of {", ".join(roles)}, "{text_key}": text}}')
+        msgs.append({"role": role, "content": text})
+    while msgs and msgs[-1]["role"] == "assistant":
+        msgs.pop()   # the reference answer, not part of the prompt
+    if not any(m["role"] == "user" for m in msgs):
+        _bad_row(where, "no user turn before the last answer", "a conversation with a user turn")
+    return "\n\n".join(m["content"] for m in msgs), tuple(msgs)
+
+
+def _bad_row(where: str, what: str, allowed: str) -> NoReturn:
+    raise ConfigError(f"{where}: {what}; allowed: {allowed}")
+
+
+def _content_text(content: Any) -> str | None:
+    """OpenAI content: a string, or a list of parts of which the text parts count."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if parts and all(isinstance(p, str) for p in parts):
+            return "\n".join(parts)
+    return None

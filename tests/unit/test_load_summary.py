@@ -1,0 +1,152 @@
+"""Level maths on known records: percentiles, throughput, acceptance, token attribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specdecode_tune.errors import ConfigError
+from specdecode_tune.load import LevelPlan, _records, _Req, percentile, summarize
+from specdecode_tune.records import RequestRecord
+from specdecode_tune.workload import Prompt
+
+PLAN = LevelPlan(concurrency=4, warmup_s=1.0, duration_s=10.0)
+
+
+def rec(index: int, start: float, end: float, ttft: float | None, out: int, **kw) -> RequestRecord:
+    return RequestRecord(level=4, index=index, start=start, end=end, ttft=ttft, input_tokens=10,
+                         output_tokens=out, **kw)
+
+
+def test_percentile_interpolates_linearly_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]          # unsorted on purpose
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 90) == pytest.approx(3.7)
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_summary_of_known_records() -> None:
+    records = [
+        # two in-window successes with spec counters
+        rec(0, 1.0, 3.0, 0.5, 11, chunk_gaps=(0.1, 0.2), verify_ct=5, accept_histogram=(1, 2)),
+        rec(1, 2.0, 6.0, 1.0, 31, chunk_gaps=(0.3,), verify_ct=10, accept_histogram=(0, 1, 4)),
+        # an in-window success that reports no verify count: latency yes, acceptance no
+        rec(2, 3.0, 4.0, 0.25, 1),
+        # an in-window failure, a warm-up request, and a request cut at the window end
+        rec(3, 4.0, 4.5, None, 0, error="http 500"),
+        rec(4, 0.0, 0.9, 0.1, 5, in_window=False),
+        rec(5, 8.0, 11.0, 0.2, 3, in_window=False),
+    ]
+    s = summarize(records, PLAN, window_tokens=500, window_s=10.0)
+    assert (s.concurrency, s.mode, s.rate, s.duration_s) == (4, "closed", None, 10.0)
+    assert (s.requests, s.errors) == (4, 1)
+    assert s.output_tokens == 500 and s.output_tok_s == pytest.approx(50.0)
+    assert s.requests_s == pytest.approx(0.3)                         # 3 ok / 10 s
+    assert s.ttft_p50 == pytest.approx(0.5)                           # of 0.25, 0.5, 1.0
+    assert s.e2e_p50 == pytest.approx(2.0)                            # of 1, 2, 4
+    # TPOT: (2 - 0.5) / 10 = 0.15 and (4 - 1) / 30 = 0.1; the 1-token request has none
+    assert s.tpot_p50 == pytest.approx(0.125)
+    assert s.itl_p50 == pytest.approx(0.2) and s.itl_p99 == pytest.approx(0.298)
+    # acceptance = (11 + 31) / (5 + 10), over requests that report verify counts only
+    assert s.accept_length == pytest.approx(42 / 15)
+    assert s.accept_histogram == (1, 3, 4)
+    assert s.suspect and "http 500 x1" in s.note
+
+
+def test_summary_without_spec_counters_has_no_acceptance() -> None:
+    s = summarize([rec(0, 1.0, 2.0, 0.1, 10)], PLAN, window_tokens=10)
+    assert s.accept_length is None and s.accept_histogram == ()
+    assert s.duration_s == 10.0 and not s.suspect and s.note == ""
+
+
+def test_empty_window_is_flagged_not_divided_by_zero() -> None:
+    s = summarize([], PLAN, window_tokens=0, window_s=0.0)
+    assert s.output_tok_s == 0.0 and s.requests_s == 0.0 and s.suspect
+    assert s.ttft_p50 is None and s.e2e_p99 is None
+
+
+def test_rate_plan_summary_carries_the_exact_rate() -> None:
+    plan = LevelPlan(rate=2.5, warmup_s=0, duration_s=4)
+    s = summarize([], plan, window_tokens=0)
+    assert (s.mode, s.rate, s.concurrency) == ("rate", 2.5, 2)
+
+
+# --- token attribution -------------------------------------------------------------------------
+
+
+def state(index: int, *, counted: int, in_win: int, inexact: bool, meta: dict | None,
+          start: float = 100.0, end: float = 105.0, cancelled: bool = False,
+          times: tuple[float, ...] = ()) -> _Req:
+    st = _Req(index, Prompt("p", None, 1, 100))
+    st.start, st.end, st.counted, st.in_win, st.inexact, st.meta = (
+        start, end, counted, in_win, inexact, meta)
+    st.cancelled = cancelled
+    st.times = list(times)
+    return st
+
+
+def test_window_tokens_scale_one_per_chunk_counts_by_the_final_usage() -> None:
+    reqs = [
+        # exact (cumulative counters): counted as is
+        state(0, counted=40, in_win=30, inexact=False, meta={"completion_tokens": 40}),
+        # 1 per chunk, usage says 4 tokens per chunk: 10 chunks in window -> 40 tokens
+        state(1, counted=25, in_win=10, inexact=True, meta={"completion_tokens": 100}),
+        # cut at the window end without usage: scaled by the level's ratio (100 / 25)
+        state(2, counted=6, in_win=5, inexact=True, meta=None, cancelled=True, end=111.0),
+    ]
+    records, tokens = _records(reqs, level=4, t0=100.0, w0=101.0, window_end=111.0)
+    assert tokens == 30 + 40 + 20
+    assert [r.output_tokens for r in records] == [40, 100, 24]
+    cut = records[2]
+    assert cut.in_window is False and cut.error is None
+
+
+def test_records_are_relative_to_the_level_start_and_carry_spec_fields() -> None:
+    meta = {"completion_tokens": 9, "prompt_tokens": 42, "spec_verify_ct": 3,
+            "spec_accept_token_num": 6, "spec_draft_token_num": 9,   # older SGLang names
+            "spec_accept_histogram": [0, 0, 3]}
+    st = state(0, counted=9, in_win=9, inexact=False, meta=meta, start=101.5, end=102.5,
+               times=(101.6, 101.8, 102.1))
+    [r], tokens = _records([st], level=8, t0=100.0, w0=101.0, window_end=111.0)
+    assert (r.level, r.start, r.end) == (8, pytest.approx(1.5), pytest.approx(2.5))
+    assert r.ttft == pytest.approx(0.1)
+    assert r.chunk_gaps == pytest.approx((0.2, 0.3))
+    assert (r.input_tokens, r.output_tokens, r.verify_ct) == (42, 9, 3)
+    assert (r.accepted_tokens, r.draft_tokens, r.accept_histogram) == (6, 9, (0, 0, 3))
+    assert r.in_window and tokens == 9
+
+
+def test_a_request_ending_before_the_window_is_not_in_it() -> None:
+    st = state(0, counted=5, in_win=0, inexact=False, meta=None, start=100.0, end=100.5)
+    [r], tokens = _records([st], level=1, t0=100.0, w0=101.0, window_end=111.0)
+    assert not r.in_window and tokens == 0 and r.input_tokens == 1
+
+
+# --- plan validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({}, "concurrency=None, rate=None"),
+        ({"concurrency": 4, "rate": 1.0}, "exactly one"),
+        ({"concurrency": 0}, "level.concurrency: got 0"),
+        ({"concurrency": True}, "level.concurrency: got True"),
+        ({"rate": -1.0}, "level.rate: got -1.0"),
+        ({"rate": math.inf}, "level.rate: got inf"),
+        ({"concurrency": 1, "duration_s": 0}, "level.duration_s: got 0"),
+        ({"concurrency": 1, "warmup_s": -1}, "level.warmup_s: got -1"),
+        ({"concurrency": 1, "max_requests": 0}, "level.max_requests: got 0"),
+        ({"concurrency": 1, "request_timeout_s": 0}, "level.request_timeout_s: got 0"),
+    ],
+)
+def test_bad_plans_name_the_key_and_value(kwargs: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match="allowed") as exc:
+        LevelPlan(**kwargs)
+    assert key in str(exc.value)
+    assert "\n" not in str(exc.value)
