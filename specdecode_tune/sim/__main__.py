@@ -1,0 +1,134 @@
+"""`python -m specdecode_tune.sim`: launch the simulated SGLang server.
+
+Takes SGLang's launch flags (same spellings) plus `--profile NAME|PATH`, `--boot-time SECONDS`
+and `--noise-seed N`. Behaves as SGLang at start-up: bad arguments exit 2 at once (argparse
+style); memory failures ("Not enough memory", "CUDA out of memory") exit 1 after part of the
+boot time, as SGLang fails after loading weights. The port is bound at once and answers 503
+until the boot time has passed. SIGTERM or SIGINT stops it within a fraction of a second.
+All logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.model import StartupError, normalize_params
+from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
+from specdecode_tune.sim.server import SimServer, make_app
+
+log = logging.getLogger("specdecode_tune.sim")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m specdecode_tune.sim",
+        description="A simulated SGLang server (speculative decoding performance model; no GPU, no model).",
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", default=None,
+                   help="reported model path (default: the profile's)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=None)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-draft-model-path", default=None)
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--random-seed", type=int, default=None)
+    p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored")
+    p.add_argument("--log-level", default="info", help="accepted and ignored")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="simulator profile: bundled NAME or a TOML PATH")
+    p.add_argument("--boot-time", type=float, default=None, help="seconds to 'load' (default: the profile's)")
+    p.add_argument("--noise-seed", type=int, default=None,
+                   help="seed of the per-boot speed factor and step jitter (default: fresh each boot)")
+    return p
+
+
+def server_args(ns: argparse.Namespace, model_path: str) -> dict[str, Any]:
+    """The args as SGLang names them (what /server_info reports)."""
+    args = {k: v for k, v in vars(ns).items() if k not in ("profile", "boot_time", "noise_seed", "log_level")}
+    args["model_path"] = ns.model_path or model_path
+    args["tokenizer_path"] = args["model_path"]
+    args["served_model_name"] = ns.served_model_name or args["model_path"]
+    if args["random_seed"] is None:     # SGLang draws one when unset
+        args["random_seed"] = random.SystemRandom().randrange(1 << 30)
+    return args
+
+
+async def serve(sim: SimServer, host: str, port: int) -> int:
+    """Bind at once, boot, serve until SIGTERM/SIGINT; returns the exit code."""
+    runner = web.AppRunner(make_app(sim), access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        log.error("cannot bind %s:%d: %s", host, port, e)
+        await runner.cleanup()
+        return 1
+    log.info("simulator listening on http://%s:%d (profile %s); loading for %.1f s",
+             host, port, sim.profile.name, sim.boot_seconds)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    boot = asyncio.create_task(sim.boot())
+    stopped = asyncio.create_task(stop.wait())
+    code = 0
+    try:
+        await asyncio.wait({boot, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if boot.done() and boot.exception() is not None:
+            err = boot.exception()
+            if not isinstance(err, StartupError):
+                raise err
+            log.error("Scheduler hit an exception during start-up:\n%s", err.message)
+            code = err.exit_code
+        elif boot.done():
+            log.info("The server is fired up and ready to roll!")
+            await stopped
+    finally:
+        boot.cancel()
+        stopped.cancel()
+        await sim.close()
+        await runner.cleanup()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[%(asctime)s] %(levelname)s %(message)s")
+    ns = build_parser().parse_args(argv)        # exits 2 on bad flags
+    try:
+        profile = load_profile(ns.profile)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args = server_args(ns, profile.model_path)
+    try:
+        _, warnings = normalize_params(profile, args)
+    except StartupError as e:
+        print(e.message, file=sys.stderr)
+        return e.exit_code
+    for w in warnings:
+        log.warning(w)
+    boot = profile.boot.seconds if ns.boot_time is None else ns.boot_time
+    if boot < 0:
+        print(f"error: --boot-time = {boot}: must be >= 0", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(SimServer(profile, args, boot, ns.noise_seed), ns.host, ns.port))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

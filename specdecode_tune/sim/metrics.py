@@ -1,0 +1,83 @@
+"""Prometheus text for the simulator's `/metrics`, with SGLang's metric names.
+
+Only what the tuner and a curious user read: token counters, running/queued gauges, KV usage,
+the last-interval acceptance length and throughput, and TTFT / TPOT / end-to-end histograms.
+Every sample carries SGLang's `model_name` label.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # scheduler imports Histogram from here; avoid the import cycle at run time
+    from specdecode_tune.sim.scheduler import Scheduler
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_TOKEN_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """A cumulative-bucket histogram (Prometheus semantics)."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    @classmethod
+    def latency(cls) -> Histogram:
+        return cls(_LATENCY_BUCKETS)
+
+    @classmethod
+    def token_latency(cls) -> Histogram:
+        return cls(_TOKEN_BUCKETS)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip(self.buckets, self.counts):
+            running += n
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {running}')
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{{{labels}}} {self.total}")
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        return out
+
+
+def render(scheduler: Scheduler, model_name: str) -> str:
+    """The Prometheus exposition text for the current state."""
+    c = scheduler.counters
+    labels = f'model_name="{model_name}"'
+    out: list[str] = []
+
+    def sample(name: str, kind: str, help_: str, value: float) -> None:
+        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"])
+
+    sample("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", c.prompt_tokens)
+    sample("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", c.generation_tokens)
+    sample("sglang:num_requests_total", "counter", "Number of requests finished.", c.requests_finished)
+    sample("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", c.requests_aborted)
+    sample("sglang:num_running_reqs", "gauge", "The number of running requests.", len(scheduler.running))
+    sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(scheduler.waiting))
+    sample("sglang:token_usage", "gauge", "The token usage of the KV cache.", scheduler.token_usage)
+    sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s), last interval.", c.interval_gen_throughput)
+    sample("sglang:spec_accept_length", "gauge", "The average acceptance length, last interval.", c.interval_accept_length)
+    for name, hist, help_ in (
+        ("sglang:time_to_first_token_seconds", c.ttft, "Histogram of time to first token in seconds."),
+        ("sglang:time_per_output_token_seconds", c.tpot, "Histogram of time per output token in seconds."),
+        ("sglang:e2e_request_latency_seconds", c.e2e, "Histogram of end-to-end request latency in seconds."),
+    ):
+        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} histogram", *hist.lines(name, labels)])
+    return "\n".join(out) + "\n"

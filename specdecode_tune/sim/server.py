@@ -1,0 +1,270 @@
+"""The simulator's HTTP server: SGLang's endpoints over the real-time scheduler (aiohttp).
+
+`SimServer` holds the state of one boot: it answers 503 on `/health` while "loading", applies
+the start-up memory rules where SGLang hits them (after the weights load), then starts the
+scheduler. `make_app` wires the routes. Client disconnects cancel the handler (aiohttp's
+`handler_cancellation`), which aborts the request and frees its slot and KV. Errors are JSON:
+400 for a malformed body, 404 / 405 for unknown paths or methods, 503 while starting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from specdecode_tune import __version__
+from specdecode_tune.sim import metrics
+from specdecode_tune.sim.api import (
+    BadRequest,
+    GenParams,
+    OpenAIFormat,
+    SglangFormat,
+    parse_generate,
+    parse_openai,
+)
+from specdecode_tune.sim.model import Facts, GiB, startup
+from specdecode_tune.sim.profile import Profile
+from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger("specdecode_tune.sim")
+
+
+def gpu_ids_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
+    """The GPU ids this process was given, as CUDA_VISIBLE_DEVICES lists them."""
+    raw = env.get("CUDA_VISIBLE_DEVICES", "")
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _error(status: int, message: str) -> web.Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 503: "ServiceUnavailable"}
+    body = {"object": "error", "message": message, "type": kind.get(status, "InternalServerError"), "code": status}
+    # OpenAI clients read the top-level fields, SGLang-native ones read {"error": {...}}.
+    return web.json_response({"error": body, **body}, status=status)
+
+
+class SimServer:
+    """One boot of the simulated server: args, profile, and (once ready) facts and scheduler."""
+
+    def __init__(self, profile: Profile, args: dict[str, Any], boot_seconds: float, noise_seed: int | None) -> None:
+        self.profile = profile
+        self.args = args                      # server args, SGLang names
+        self.boot_seconds = boot_seconds
+        self.noise_seed = noise_seed
+        self.gpu_ids = gpu_ids_from_env()
+        self.facts: Facts | None = None
+        self.scheduler: Scheduler | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None
+
+    async def boot(self) -> None:
+        """Sleep through the boot; raises StartupError where SGLang would fail (after weights load)."""
+        fail_at = self.boot_seconds * self.profile.boot.fail_at_fraction
+        await asyncio.sleep(fail_at)
+        facts = startup(self.profile, self.args)
+        log.info("max_total_num_tokens=%d, max_running_requests=%d, max_req_input_len=%d",
+                 facts.max_total_num_tokens, facts.max_running_requests, facts.max_req_input_len)
+        await asyncio.sleep(self.boot_seconds - fail_at)
+        noise = random.Random(self.noise_seed)    # None = fresh entropy: boots differ like real runs
+        factor = boot_speed_factor(self.profile.noise.boot_sigma, noise)
+        self.facts = facts
+        self.scheduler = Scheduler(self.profile, facts, self.args.get("random_seed"), factor, noise.getrandbits(64))
+        self._task = asyncio.create_task(self.scheduler.run())
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def server_info(self) -> dict[str, Any]:
+        facts, sched = self.facts, self.scheduler
+        if facts is None or sched is None:
+            raise web.HTTPServiceUnavailable()
+        c = sched.counters
+        kv_gb = facts.kv_bytes / GiB
+        return {
+            **facts.params,      # the server args, normalized; max_running_requests = effective
+            "max_total_num_tokens": facts.max_total_num_tokens,
+            "max_req_input_len": facts.max_req_input_len,
+            "gpu_ids": self.gpu_ids,
+            "profile": self.profile.name,
+            "version": f"{__version__}-sim",
+            "simulator": True,
+            "internal_states": [
+                {
+                    "avg_spec_accept_length": c.avg_accept_length,
+                    "max_running_requests": facts.max_running_requests,
+                    "max_total_num_tokens": facts.max_total_num_tokens,
+                    "last_gen_throughput": c.interval_gen_throughput,
+                    "memory_usage": {
+                        "weight": round(facts.weight_bytes / GiB, 2),
+                        "kvcache": round(kv_gb, 2),
+                        "graph": round(facts.headroom_need_bytes / GiB, 2),
+                        "token_capacity": facts.max_total_num_tokens,
+                    },
+                }
+            ],
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args["model_path"],
+            "tokenizer_path": self.args["model_path"],
+            "is_generation": True,
+            "weight_version": "default",
+        }
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPServiceUnavailable:
+        return _error(503, "The server is starting up")
+    except web.HTTPNotFound:
+        return _error(404, f"Not Found: {request.path}")
+    except web.HTTPMethodNotAllowed:
+        return _error(405, f"Method Not Allowed: {request.method} {request.path}")
+
+
+class Routes:
+    """Request handlers over one SimServer."""
+
+    def __init__(self, sim: SimServer) -> None:
+        self.sim = sim
+
+    def _scheduler(self) -> Scheduler:
+        if self.sim.scheduler is None:
+            raise web.HTTPServiceUnavailable()
+        return self.sim.scheduler
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.sim.ready:
+            return _error(503, "The server is starting up")
+        return web.Response(text="")
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sim.server_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sim.model_info())
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.sim.args["served_model_name"]
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        sched = self._scheduler()
+        if sched.running or sched.waiting:
+            return web.Response(status=400, text="Cache not flushed. There are still requests running or waiting.")
+        return web.Response(text="Cache flushed.\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = metrics.render(self._scheduler(), self.sim.args["served_model_name"])
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        facts = self.sim.facts
+        nodes = facts.draft_tokens - 1 if facts is not None and facts.speculative else None
+        return await self._serve(
+            request,
+            lambda body: parse_generate(body, self.sim.profile.defaults.max_new_tokens),
+            lambda req, params: SglangFormat(req, nodes),
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        model = self.sim.args["served_model_name"]
+        return await self._serve(
+            request,
+            lambda body: parse_openai(body, chat=False),
+            lambda req, params: OpenAIFormat(req, params, model, chat=False),
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        model = self.sim.args["served_model_name"]
+        return await self._serve(
+            request,
+            lambda body: parse_openai(body, chat=True),
+            lambda req, params: OpenAIFormat(req, params, model, chat=True),
+        )
+
+    async def _serve(
+        self,
+        request: web.Request,
+        parse: Callable[[Any], GenParams],
+        make_format: Callable[[Any, GenParams], SglangFormat | OpenAIFormat],
+    ) -> web.StreamResponse:
+        """The one generation loop: submit, then a chunk per scheduler iteration (or one body)."""
+        sched = self._scheduler()
+        try:
+            params = parse(await request.json())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"malformed JSON body: {e}")
+        except BadRequest as e:
+            return _error(400, str(e))
+        try:
+            req = sched.submit(params.input_len, params.max_new_tokens, params.temperature, params.ignore_eos)
+        except RequestRejected as e:
+            return _error(400, str(e))
+        fmt = make_format(req, params)
+        resp: web.StreamResponse | None = None
+        try:
+            if not params.stream:
+                ids: list[int] = []
+                done = False
+                while not done:
+                    new, done = await req.queue.get()
+                    ids += new
+                if req.aborted:
+                    return _error(503, "The server is shutting down")
+                return web.json_response(fmt.full(ids))
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            done = False
+            while not done:
+                new, done = await req.queue.get()
+                if req.aborted:
+                    break
+                payload = b"".join(
+                    b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+                    for chunk in fmt.chunks(new, done)
+                )
+                await resp.write(payload + (b"data: [DONE]\n\n" if done else b""))
+            return resp
+        except ConnectionError:
+            # The client went away mid-stream (the load generator cancels at window end).
+            return resp if resp is not None else web.Response(status=499)
+        finally:
+            sched.abort(req)    # no-op once finished; frees the slot and KV otherwise
+
+
+def make_app(sim: SimServer) -> web.Application:
+    routes = Routes(sim)
+    app = web.Application(middlewares=[_json_errors])
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, routes.health)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, routes.server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, routes.model_info)
+    app.router.add_get("/v1/models", routes.models)
+    app.router.add_route("*", "/flush_cache", routes.flush_cache)
+    app.router.add_post("/generate", routes.generate)
+    app.router.add_post("/v1/completions", routes.completions)
+    app.router.add_post("/v1/chat/completions", routes.chat)
+    if sim.args.get("enable_metrics"):
+        app.router.add_get("/metrics", routes.metrics)
+    return app

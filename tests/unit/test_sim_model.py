@@ -1,0 +1,267 @@
+"""The performance model against the seed figures, the start-up rules, and its own invariants."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune.sim.model import (
+    StartupError,
+    Workload,
+    accept_moments,
+    expected_steps,
+    predict,
+    startup,
+    step_time,
+    tree_acceptance,
+)
+from specdecode_tune.sim.profile import load_profile
+
+SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
+PROFILE = load_profile("seed-qwen35-122b")
+WORKLOAD = Workload.calibration(PROFILE)
+
+
+def spec(steps: int, topk: int = 1, draft: int | None = None, **extra: object) -> dict[str, object]:
+    return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+            "speculative_num_draft_tokens": steps + 1 if draft is None else draft, **extra}
+
+
+def seed_rows(metric: str) -> list[tuple[int | None, int, float]]:
+    with SEED.open() as f:
+        rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
+    return [(int(r[1]) if r[1] else None, int(r[2]), float(r[3])) for r in rows if r[0] == metric]
+
+
+def tok_s(steps: int, concurrency: int) -> float:
+    return predict(PROFILE, spec(steps), concurrency, WORKLOAD).output_tok_s
+
+
+# ----------------------------------------------------------------------------- seed figures
+
+
+def test_seed_copy_has_every_row() -> None:
+    assert len(seed_rows("output_tok_s")) == 11
+    assert len(seed_rows("max_running_requests")) == 5
+    assert len(seed_rows("max_total_num_tokens")) == 3
+
+
+@pytest.mark.parametrize(("concurrency", "steps", "value"), seed_rows("output_tok_s"))
+def test_throughput_rows(concurrency: int, steps: int, value: float) -> None:
+    rel = 0.10 if concurrency == 1 else 0.20
+    assert tok_s(steps, concurrency) == pytest.approx(value, rel=rel)
+
+
+def test_four_to_five_steps_gains_under_three_percent_at_c1() -> None:
+    gain = tok_s(5, 1) / tok_s(4, 1) - 1
+    assert 0 <= gain < 0.03
+
+
+@pytest.mark.parametrize("concurrency", [16, 32])
+def test_five_steps_at_least_15_percent_below_four_at_high_concurrency(concurrency: int) -> None:
+    assert tok_s(5, concurrency) <= 0.85 * tok_s(4, concurrency)
+
+
+def test_three_steps_at_or_above_four_at_c64() -> None:
+    assert tok_s(3, 64) >= tok_s(4, 64)
+
+
+@pytest.mark.parametrize(("_", "steps", "value"), seed_rows("max_total_num_tokens"))
+def test_max_total_num_tokens_rows(_: None, steps: int, value: float) -> None:
+    assert startup(PROFILE, spec(steps)).max_total_num_tokens == pytest.approx(value, rel=0.10)
+
+
+@pytest.mark.parametrize(("_", "steps", "value"), [r for r in seed_rows("max_running_requests") if r[1] <= 3])
+def test_measured_running_limits(_: None, steps: int, value: float) -> None:
+    assert abs(startup(PROFILE, spec(steps)).max_running_requests - value) <= 2
+
+
+def test_running_limit_keeps_falling_with_steps() -> None:
+    limits = [startup(PROFILE, spec(s)).max_running_requests for s in range(1, 7)]
+    assert all(a > b for a, b in itertools.pairwise(limits)), limits
+
+
+def test_steps_10_at_default_fraction_has_no_kv_budget() -> None:
+    p = predict(PROFILE, spec(10), 1, WORKLOAD)
+    assert not p.feasible
+    assert "Not enough memory" in p.reason and "increase --mem-fraction-static" in p.reason
+    # nothing special about 10: the KV budget runs out between 6 and 7 steps
+    assert predict(PROFILE, spec(6), 1, WORKLOAD).feasible
+    assert not predict(PROFILE, spec(7), 1, WORKLOAD).feasible
+
+
+def test_steps_10_with_more_memory_boots_but_does_not_climb_past_the_plateau() -> None:
+    ten = predict(PROFILE, spec(10, mem_fraction_static=0.92), 1, WORKLOAD)
+    assert ten.feasible
+    assert ten.output_tok_s < tok_s(4, 1)
+
+
+# ----------------------------------------------------------------------------- start-up rules
+
+
+def test_partial_speculative_numbers_are_invalid() -> None:
+    for params in ({"speculative_num_steps": 3}, {"speculative_num_steps": 3, "speculative_eagle_topk": 1},
+                   {"speculative_num_draft_tokens": 4}):
+        with pytest.raises(StartupError) as e:
+            startup(PROFILE, {"speculative_algorithm": "EAGLE3", **params})
+        assert e.value.kind == "invalid_args" and e.value.exit_code == 2
+        assert "set together" in e.value.message
+
+
+def test_no_numbers_means_the_servers_own_choice() -> None:
+    f = startup(PROFILE, {"speculative_algorithm": "EAGLE3"})
+    d = PROFILE.defaults
+    assert (f.num_steps, f.topk, f.draft_tokens) == (
+        d.speculative_num_steps, d.speculative_eagle_topk, d.speculative_num_draft_tokens)
+
+
+def test_topk_one_forces_draft_tokens_to_steps_plus_one_with_a_warning() -> None:
+    f = startup(PROFILE, spec(3, 1, 8))
+    assert f.draft_tokens == 4 and f.params["speculative_num_draft_tokens"] == 4
+    assert len(f.warnings) == 1 and "adjusted" in f.warnings[0]
+    assert startup(PROFILE, spec(3, 1, 4)).warnings == ()
+
+
+def test_more_draft_tokens_than_the_tree_holds_is_invalid() -> None:
+    with pytest.raises(StartupError, match="must be <="):
+        startup(PROFILE, spec(2, 2, 6))          # 2 * 2 + 1 = 5 < 6
+    assert startup(PROFILE, spec(2, 2, 5)).draft_tokens == 5
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"speculative_algorithm": "MEDUSA"}, {"mem_fraction_static": 1.2}, {"mem_fraction_static": 0},
+     {"tp_size": 0}, {"cuda_graph_max_bs": 0}, {"max_running_requests": 0}, spec(3, 0, 4),
+     {"speculative_algorithm": "EAGLE", "speculative_num_steps": -1}, {"tp_size": True}],
+)
+def test_bad_values_are_invalid_args(params: dict[str, object]) -> None:
+    with pytest.raises(StartupError) as e:
+        startup(PROFILE, params)
+    assert e.value.kind == "invalid_args"
+
+
+def test_plain_decoding_without_algorithm_or_with_zero_steps() -> None:
+    for params in ({}, {"speculative_algorithm": None}, spec(0, 1, 1), {"speculative_num_steps": 3}):
+        f = startup(PROFILE, params)
+        assert not f.speculative and f.draft_tokens == 1 and f.accept_greedy == ()
+        assert f.params["speculative_algorithm"] is None
+    base = predict(PROFILE, {}, 1, WORKLOAD)
+    assert base.accept_length == 1.0 and base.output_tok_s < tok_s(1, 1)
+    # no draft weights, no draft KV, one token per request: more KV and a higher limit
+    assert startup(PROFILE, {}).max_total_num_tokens > startup(PROFILE, spec(1)).max_total_num_tokens
+
+
+def test_not_enough_memory_for_weights_or_kv() -> None:
+    for params in ({"mem_fraction_static": 0.5}, {"tp_size": 1}, spec(10)):
+        with pytest.raises(StartupError) as e:
+            startup(PROFILE, params)
+        assert e.value.kind == "kv_memory" and e.value.exit_code == 1
+        assert "Not enough memory" in e.value.message
+
+
+def test_too_high_fraction_is_oom_and_less_graph_memory_cures_it() -> None:
+    with pytest.raises(StartupError) as e:
+        startup(PROFILE, spec(5, mem_fraction_static=0.95))
+    assert e.value.kind == "oom" and "CUDA out of memory" in e.value.message
+    startup(PROFILE, spec(5, mem_fraction_static=0.95, cuda_graph_max_bs=16))
+
+
+def test_smaller_graph_batch_frees_kv_and_makes_steps_10_fit() -> None:
+    small_graphs = startup(PROFILE, spec(3, cuda_graph_max_bs=16))
+    assert small_graphs.max_total_num_tokens > startup(PROFILE, spec(3)).max_total_num_tokens
+    assert predict(PROFILE, spec(10, cuda_graph_max_bs=16), 1, WORKLOAD).feasible
+
+
+def test_max_running_requests_flag_caps_the_derived_limit() -> None:
+    assert startup(PROFILE, spec(1, max_running_requests=4)).max_running_requests == 4
+    assert startup(PROFILE, spec(1, max_running_requests=1000)).max_running_requests == 26
+
+
+# ----------------------------------------------------------------------------- model invariants
+
+
+def test_chain_acceptance_is_the_product_of_conditionals() -> None:
+    probs = (0.9, 0.8, 0.5)
+    q, widths = tree_acceptance(probs, 0.35, 3, 1, 3)
+    assert q == probs and widths == (1, 1, 1)
+    mean, second = accept_moments(q)
+    assert mean == pytest.approx(1 + 0.9 + 0.72 + 0.36)
+    # X = 1 + A: P(A=0)=.1, P(A=1)=.18, P(A=2)=.36, P(A=3)=.36
+    assert second == pytest.approx(0.1 * 1 + 0.18 * 4 + 0.36 * 9 + 0.36 * 16)
+
+
+def test_tree_acceptance_grows_with_draft_tokens_and_stays_bounded() -> None:
+    for steps, topk in ((3, 2), (5, 4), (6, 8)):
+        means = []
+        for draft in range(2, steps * topk + 2):
+            q, widths = tree_acceptance(PROFILE.acceptance.greedy, PROFILE.acceptance.sibling_hit, steps, topk, draft - 1)
+            assert sum(widths) == draft - 1 and max(widths) <= topk and len(widths) <= steps
+            assert all(0 <= x <= 1 for x in q)
+            assert all(x >= PROFILE.acceptance.greedy[i] - 1e-12 for i, x in enumerate(q))
+            means.append(accept_moments(q)[0])
+        assert all(b >= a - 1e-12 for a, b in itertools.pairwise(means))
+        assert means[-1] <= steps + 1
+
+
+def test_sampled_acceptance_is_lower_than_greedy() -> None:
+    greedy = predict(PROFILE, spec(4), 1, WORKLOAD)
+    sampled = predict(PROFILE, spec(4), 1, Workload(WORKLOAD.input_len, WORKLOAD.output_len, 0.7))
+    assert sampled.accept_length < greedy.accept_length
+    assert sampled.output_tok_s < greedy.output_tok_s
+
+
+def test_expected_steps_is_exact_for_deterministic_tokens() -> None:
+    assert expected_steps(100, 1.0, 1.0) == pytest.approx(100)
+    assert expected_steps(0, 3.0, 10.0) == 0.0
+
+
+def test_concurrency_beyond_the_limit_queues_and_caps_the_batch() -> None:
+    p16, p64 = predict(PROFILE, spec(4), 16, WORKLOAD), predict(PROFILE, spec(4), 64, WORKLOAD)
+    assert p16.running == p64.running == 12 and p16.queued == 4 and p64.queued == 52
+    assert p16.output_tok_s == pytest.approx(p64.output_tok_s)
+    below = predict(PROFILE, spec(4), 8, WORKLOAD)
+    assert below.queued == 0 and below.running < 8      # replacements miss a step
+
+
+def test_step_time_grows_with_batch_and_jumps_above_the_graph_batch() -> None:
+    f = startup(PROFILE, spec(3, cuda_graph_max_bs=8))
+    times = [step_time(PROFILE, f, b) for b in range(1, 17)]
+    assert all(b >= a for a, b in itertools.pairwise(times))
+    assert times[8] / times[7] > PROFILE.cost.eager_factor * 0.99
+
+
+def test_verify_tile_makes_a_shelf_at_batch_one() -> None:
+    tile = PROFILE.cost.verify_token_tile
+    per_token = [step_time(PROFILE, startup(PROFILE, spec(s, cuda_graph_max_bs=8)), 1) for s in range(1, tile + 1)]
+    jumps = [b - a for a, b in itertools.pairwise(per_token)]
+    # going from `tile` to `tile + 1` verified tokens adds a whole tile of per-token cost
+    assert jumps[tile - 2] > jumps[tile - 3] + PROFILE.cost.verify_per_token_s * tile * 0.9
+
+
+def test_larger_tp_is_faster_per_step() -> None:
+    two, four = startup(PROFILE, spec(3)), startup(PROFILE, spec(3, tp_size=4))
+    assert step_time(PROFILE, four, 8) < step_time(PROFILE, two, 8)
+    assert four.max_total_num_tokens > two.max_total_num_tokens
+
+
+def test_predict_is_fast() -> None:
+    configs = [spec(s, k, min(s * k + 1, d), mem_fraction_static=f)
+               for s, k, d, f in itertools.product(range(1, 8), (1, 2, 4, 8), (2, 4, 8, 16), (0.8, 0.85, 0.9))]
+    predict(PROFILE, configs[0], 1, WORKLOAD)
+    t0 = time.perf_counter()
+    results = [predict(PROFILE, c, conc, WORKLOAD) for c in configs for conc in (1, 16, 64)]
+    per_call = (time.perf_counter() - t0) / len(results)
+    assert per_call < 1e-3
+    assert any(r.feasible for r in results) and any(not r.feasible for r in results)
+    assert all(math.isfinite(r.output_tok_s) for r in results)
+
+
+def test_a_request_larger_than_the_kv_pool_is_infeasible_not_a_crash() -> None:
+    kv = startup(PROFILE, spec(6)).max_total_num_tokens
+    p = predict(PROFILE, spec(6), 4, Workload(input_len=1000, output_len=kv))
+    assert not p.feasible and "exceeds the KV pool" in p.reason

@@ -1,0 +1,94 @@
+"""Loading and validating simulator profiles."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.profile import (
+    PROFILE_DIR,
+    Profile,
+    available_profiles,
+    load_profile,
+    profile_from_dict,
+)
+
+SEED_TOML = PROFILE_DIR / "seed-qwen35-122b.toml"
+
+
+def seed_dict() -> dict:
+    with SEED_TOML.open("rb") as f:
+        return tomllib.load(f)
+
+
+def test_bare_name_and_path_load_the_same_profile() -> None:
+    by_name = load_profile("seed-qwen35-122b")
+    assert isinstance(by_name, Profile) and by_name.name == "seed-qwen35-122b"
+    assert load_profile(str(SEED_TOML)) == by_name
+    assert load_profile() == by_name
+    assert "seed-qwen35-122b" in available_profiles()
+
+
+def test_profile_is_frozen_hashable_and_pickles() -> None:
+    p = load_profile("seed-qwen35-122b")
+    with pytest.raises(AttributeError):
+        p.name = "x"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(p)) == p
+    assert hash(p) == hash(pickle.loads(pickle.dumps(p)))
+
+
+def test_seed_profile_noise_is_one_to_two_percent_and_sampled_below_greedy() -> None:
+    p = load_profile("seed-qwen35-122b")
+    assert 0.01 <= p.noise.boot_sigma <= 0.02 and 0.005 <= p.noise.step_sigma <= 0.02
+    assert all(s < g for s, g in zip(p.acceptance.sampled, p.acceptance.greedy))
+    assert p.hardware.tp_size == 2
+
+
+def test_unknown_profile_names_the_bundled_ones() -> None:
+    with pytest.raises(ConfigError, match="seed-qwen35-122b"):
+        load_profile("no-such-profile")
+
+
+def test_a_profile_file_can_live_anywhere(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(SEED_TOML.read_text().replace('name = "seed-qwen35-122b"', 'name = "mine"'))
+    assert load_profile(path).name == "mine"
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("name = [unclosed")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["memory"].__setitem__("kv_bytes_per_token", -1), "[memory] kv_bytes_per_token = -1: must be > 0"),
+        (lambda d: d["defaults"].__setitem__("mem_fraction_static", 1.0), "[defaults] mem_fraction_static = 1.0: must be > 0 and < 1"),
+        (lambda d: d["acceptance"].__setitem__("greedy", [0.9, 1.2]), "[acceptance] greedy[1] = 1.2: must be >= 0 and <= 1"),
+        (lambda d: d["acceptance"].__setitem__("sampled", []), "[acceptance] sampled = []: must be a non-empty list"),
+        (lambda d: d["cost"].__setitem__("verify_token_tile", 2.5), "[cost] verify_token_tile = 2.5: must be an integer"),
+        (lambda d: d["cost"].__setitem__("eager_factor", True), "[cost] eager_factor = True: must be a number"),
+        (lambda d: d["cost"].__setitem__("decode_fixed_s", "fast"), "[cost] decode_fixed_s = 'fast': must be a number"),
+        (lambda d: d["cost"].__setitem__("verify_tile", 8), "unknown key [cost] 'verify_tile'"),
+        (lambda d: d["noise"].pop("boot_sigma"), "missing key [noise] boot_sigma"),
+        (lambda d: d.pop("boot"), "[boot] = None: must be a table"),
+        (lambda d: d.__setitem__("extra", 1), "unknown key 'extra'"),
+        (lambda d: d.__setitem__("name", 3), "name = 3: must be a string"),
+    ],
+)
+def test_validation_names_key_value_and_allowed(edit, message: str) -> None:
+    data = copy.deepcopy(seed_dict())
+    edit(data)
+    with pytest.raises(ConfigError) as e:
+        profile_from_dict(data, source="x.toml")
+    text = str(e.value)
+    assert message in text and text.startswith("profile x.toml: ")
+    assert "\n" not in text
