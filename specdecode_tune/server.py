@@ -38,9 +38,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -57,6 +59,21 @@ from .errors import ServerStartError
 log = logging.getLogger(__name__)
 
 StopOutcome = Literal["gone", "terminated", "killed", "stuck"]
+
+# Runs in the child before the server: ask the kernel for SIGTERM when our parent dies, make
+# sure the parent did not die already, then become the server (same pid: exec keeps the
+# setting). Spawned with argv, so nothing here is a shell string.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as e:\n"
+    "    print(f'cannot execute {sys.argv[2]!r}: {e.strerror}', file=sys.stderr)\n"
+    "    sys.exit(127)\n"
+)
 
 # How much log the classifier reads, and how much travels with a ServerStartError (it is
 # pickled back through Ray, so keep it small; the full log stays on disk).
@@ -482,6 +499,9 @@ class ServerProcess:
     boot_timeout_s: the readiness deadline, from the start of the process.
     pidfile: where to record the group for `reap_orphans` (removed once the group is gone).
     term_grace_s: time between SIGTERM and SIGKILL at teardown.
+    die_with_parent: on Linux, the server gets SIGTERM when the thread that started it dies
+        (PR_SET_PDEATHSIG, set by a tiny exec shim), so a SIGKILLed trial takes its server
+        with it within seconds; pidfiles remain the backstop for the server's own children.
 
     After start: `base_url`, `port`, `pid`, `pgid`, `boot_s` (seconds to healthy); after the
     end: `stop_outcome` ("gone", "terminated", "killed" or "stuck") and `returncode`. The flat
@@ -501,6 +521,7 @@ class ServerProcess:
         ready_check: Callable[[str], bool] | None = None,
         pidfile: str | os.PathLike[str] | None = None,
         term_grace_s: float = 10.0,
+        die_with_parent: bool = True,
     ) -> None:
         if isinstance(argv, (str, bytes)):
             raise ValueError(f"argv must be a list of arguments, not a shell string, "
@@ -530,6 +551,7 @@ class ServerProcess:
         self.pidfile = Path(pidfile) if pidfile is not None else None
         self.term_grace_s = float(term_grace_s)
 
+        self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self.port: int | None = None
         self.base_url: str = ""
         self.boot_s: float | None = None
@@ -608,6 +630,11 @@ class ServerProcess:
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self._env_extra}
+        if self.die_with_parent:
+            if shutil.which(argv[0], path=env.get("PATH")) is None:
+                raise ServerStartError(
+                    "missing_binary", f"{argv[0]!r} not found (no such file, or not on PATH)")
+            argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with open(self.log_path, "ab") as logf:
             self._log_offset = logf.seek(0, os.SEEK_END)
             try:

@@ -266,9 +266,10 @@ def test_interrupt_during_boot_tears_down(tmp_path: Path) -> None:
 # Pidfiles and orphans
 
 PARENT = """
-import sys, time
+import os, sys, time
 from specdecode_tune.server import ServerProcess
-srv = ServerProcess(sys.argv[3:], pidfile=sys.argv[1], log_path=sys.argv[2], boot_timeout_s=20)
+srv = ServerProcess(sys.argv[3:], pidfile=sys.argv[1], log_path=sys.argv[2], boot_timeout_s=20,
+                    die_with_parent=os.environ.get("DIE_WITH_PARENT") == "1")
 srv.start()
 print(srv.pid, flush=True)
 time.sleep(60)
@@ -308,6 +309,36 @@ def test_reap_orphans_ends_the_server_of_a_killed_parent(tmp_path: Path) -> None
         assert_gone(server_pid, grandchild, within_s=2)
         assert not (pids_dir / "t7.json").exists()
         assert reap_orphans(pids_dir) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+        if parent.stdout:
+            parent.stdout.close()
+        for pid in (server_pid, grandchild):
+            if pid is not None and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_server_follows_its_parent_and_reap_ends_the_rest(tmp_path: Path) -> None:
+    """With die_with_parent (the default) the leader gets SIGTERM when the process that
+    started it is SIGKILLed; what the leader spawned is found by its pidfile and ended."""
+    pids_dir = tmp_path / "pids"
+    gc = tmp_path / "gc.pid"
+    parent = subprocess.Popen(
+        [PYTHON, "-c", PARENT, str(pids_dir / "t9.json"), str(tmp_path / "s.log"),
+         *fake("--grandchild", str(gc))],
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "DIE_WITH_PARENT": "1"})
+    server_pid = grandchild = None
+    try:
+        server_pid = int(parent.stdout.readline() if parent.stdout else "")
+        grandchild = int(wait_for_file(gc))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert_gone(server_pid, within_s=5)            # followed its parent
+        assert pid_alive(grandchild)                   # its own child is still an orphan
+        reap_orphans(pids_dir)
+        assert_gone(grandchild, within_s=5)
     finally:
         if parent.poll() is None:
             parent.kill()
