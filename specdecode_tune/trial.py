@@ -1,0 +1,257 @@
+"""One trial: boot a server with one parameter set, measure each level, record, tear down.
+
+`run_trial` is what a Ray Tune trial calls on its GPU pair, and what
+`python -m specdecode_tune.trial` runs by hand, as the seed's user did six times. A server
+that refuses the config at start-up (OOM, not enough KV memory, invalid arguments) gives a
+result with status "infeasible" and the reason; a point the rules refuse is "pruned" without a
+boot; a server that dies or hangs mid-run gives "failed", keeping every level finished before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from . import results
+from .backends import get_backend
+from .config import Experiment, MeasureConfig, load_experiment
+from .errors import ConfigError, ServerStartError
+from .load import LevelPlan, measure
+from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
+from .server import ServerProcess
+from .space import invalid_reason, resolve
+
+# Start-up failures that mean "this config does not fit / is refused": a fact about the point.
+INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
+
+LevelCallback = Callable[[LevelSummary, Sequence[RequestRecord]], None]
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """Where one trial writes: tables to `run_dir` (a path or a pyarrow.fs URI shared by all
+    nodes), logs and pidfiles to `local_dir` on the node that runs it."""
+
+    run_dir: str
+    local_dir: Path
+    trial_id: str
+    repeat: int = 0
+
+
+def level_plans(m: MeasureConfig) -> list[LevelPlan]:
+    """Closed-loop levels in the experiment's order, then open-loop rates."""
+    common = dict(warmup_s=m.warmup_s, duration_s=m.duration_s, max_requests=m.max_requests,
+                  request_timeout_s=m.request_timeout_s)
+    plans = [LevelPlan(concurrency=c, **common) for c in m.concurrency]
+    plans += [LevelPlan(rate=r, **common) for r in m.rates]
+    return plans
+
+
+def plan_key(plan: LevelPlan) -> tuple[str, float]:
+    return ("rate", float(plan.rate)) if plan.rate else ("closed", float(plan.concurrency))
+
+
+def summary_key(s: LevelSummary) -> tuple[str, float]:
+    return ("rate", float(s.rate)) if s.mode == "rate" else ("closed", float(s.concurrency))
+
+
+def api_headers(exp: Experiment) -> dict[str, str]:
+    """Authorization from the environment variable the experiment names; never stored."""
+    name = exp.backend.api_key_env
+    key = os.environ.get(name, "") if name else ""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def run_trial(
+    exp: Experiment,
+    sampled: Mapping[str, Any],
+    ctx: TrialContext,
+    *,
+    done_levels: Sequence[LevelSummary] = (),
+    done_facts: ServerFacts | None = None,
+    on_facts: Callable[[ServerFacts], None] | None = None,
+    on_level: LevelCallback | None = None,
+    extra: Mapping[str, Any] | None = None,
+    scorer: Callable[[TrialResult], Mapping[str, Any]] | None = None,
+) -> TrialResult:
+    """Boot, read the server's facts, warm up, measure each level not in `done_levels`, write
+    the tables, tear down. Expected failures are results, never exceptions.
+
+    A resumed trial passes the levels (and facts) its checkpoint holds; `on_facts` and
+    `on_level` let the caller checkpoint them. `scorer(result)` may add columns (the search's
+    score) to the trial's row."""
+    t0 = time.monotonic()
+    params = resolve(sampled, exp.backend.flags)
+    finished: list[LevelSummary] = list(done_levels)
+
+    def finish(status: str, reason: str = "", facts: ServerFacts | None = None) -> TrialResult:
+        result = TrialResult(
+            trial_id=ctx.trial_id, params=params, status=status, reason=reason,
+            facts=facts or ServerFacts(), levels=tuple(finished),
+            wall_s=time.monotonic() - t0, repeat=ctx.repeat,
+            suspect=any(s.suspect for s in finished))
+        columns = {"node": socket.gethostname(), **(extra or {})}
+        if scorer is not None:
+            columns.update(scorer(result))
+        results.write_trial(ctx.run_dir, result, extra=columns)
+        return result
+
+    bad = invalid_reason(params)
+    if bad is not None:
+        return finish("pruned", bad)
+
+    done = {summary_key(s) for s in done_levels}
+    plans = [p for p in level_plans(exp.measure) if plan_key(p) not in done]
+    if not plans and done_levels:
+        # Resumed after every level was measured: nothing to boot for.
+        return finish("ok", "", done_facts)
+
+    backend = get_backend(exp.backend.kind)
+    argv = backend.argv(exp.backend, params, "{port}")
+    env = {**os.environ, **backend.env(exp.backend)}
+    ctx.local_dir.mkdir(parents=True, exist_ok=True)
+    facts = ServerFacts()
+    try:
+        with ServerProcess(argv, env=env, host=exp.backend.host,
+                           health_path=backend.health_path,
+                           log_path=ctx.local_dir / f"{ctx.trial_id}.log",
+                           boot_timeout_s=exp.backend.boot_timeout_s,
+                           pidfile=ctx.local_dir / "pids" / f"{ctx.trial_id}.json") as srv:
+            facts = backend.read_facts(srv.base_url)
+            gpu_ids = facts.gpu_ids or tuple(
+                g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
+            facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
+            limit = facts.max_running_requests
+            if on_facts is not None:
+                on_facts(facts)
+
+            def record(summary: LevelSummary, records: Sequence[RequestRecord]) -> None:
+                over = limit is not None and summary.mode == "closed" \
+                    and summary.concurrency > limit
+                note = summary.note
+                if over:
+                    note = (note + "; " if note else "") + \
+                        f"concurrency {summary.concurrency} > running limit {limit}: queueing"
+                alive = srv.alive()
+                if not alive:
+                    note = (note + "; " if note else "") + "server died during the level"
+                summary = dataclasses.replace(
+                    summary, over_running_limit=over, note=note,
+                    suspect=summary.suspect or summary.errors > 0 or not alive)
+                results.write_level(ctx.run_dir, ctx.trial_id, summary, records,
+                                    params=params, repeat=ctx.repeat)
+                finished.append(summary)
+                if on_level is not None:
+                    on_level(summary, records)
+
+            if plans:
+                measure(srv.base_url, exp.backend.api, exp.workload, plans,
+                        warmup_requests=exp.measure.warmup_requests, on_level=record,
+                        headers=api_headers(exp))
+            if not srv.alive():
+                return finish("failed", f"server exited during the run: "
+                                        f"{_last_line(srv.log_tail(4000))}", facts)
+    except ServerStartError as e:
+        status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
+        return finish(status, f"{e.kind}: {e.reason}", facts)
+    return finish("ok", "", facts)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: one trial by hand
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected NAME=VALUE, e.g. "
+                              f"speculative_num_steps=4")
+        try:
+            out[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = raw
+    return out
+
+
+def format_levels(levels: Sequence[LevelSummary]) -> str:
+    head = f"{'level':>8} {'tok/s':>9} {'req/s':>7} {'ttft p50':>9} {'tpot p50':>9} " \
+           f"{'accept':>7} {'errors':>6}  note"
+    rows = [head]
+    for s in levels:
+        name = f"C={s.concurrency}" if s.mode == "closed" else f"{s.rate:g}/s"
+        acc = f"{s.accept_length:.2f}" if s.accept_length is not None else "-"
+        ttft = f"{s.ttft_p50 * 1e3:.0f}ms" if s.ttft_p50 is not None else "-"
+        tpot = f"{s.tpot_p50 * 1e3:.1f}ms" if s.tpot_p50 is not None else "-"
+        rows.append(f"{name:>8} {s.output_tok_s:9.1f} {s.requests_s:7.2f} {ttft:>9} "
+                    f"{tpot:>9} {acc:>7} {s.errors:6d}  {s.note}")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m specdecode_tune.trial",
+        description="Boot one server with one parameter set and measure it at each level.")
+    ap.add_argument("--experiment", default="experiments/sim-default.toml",
+                    help="experiment TOML (default: %(default)s)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a parameter value, e.g. speculative_num_steps=4 (repeatable)")
+    ap.add_argument("--run-dir", default=None,
+                    help="where tables go (default: runs/<experiment>/manual)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    try:
+        exp = load_experiment(args.experiment)
+        sampled = _parse_set(args.set)
+        known = {p.name for p in exp.space} | set(exp.backend.flags)
+        unknown = sorted(set(sampled) - known - {"speculative_eagle_topk",
+                                                  "speculative_num_draft_tokens",
+                                                  "speculative_num_steps"})
+        if unknown:
+            raise ConfigError(f"--set {unknown[0]}: not a parameter of {args.experiment} "
+                              f"(searched: {', '.join(sorted(known))})")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
+    trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
+               f"{time.strftime('%Y%m%d-%H%M%S')}"
+    ctx = TrialContext(run_dir=run_dir, local_dir=Path(run_dir) / "logs", trial_id=trial_id)
+    params = resolve(sampled, exp.backend.flags)
+    print(f"trial {trial_id}: {json.dumps(params, sort_keys=True)}", flush=True)
+
+    print(format_levels([]), flush=True)
+
+    def progress(summary: LevelSummary, _records: Sequence[RequestRecord]) -> None:
+        print(format_levels([summary]).splitlines()[1], flush=True)
+
+    result = run_trial(exp, sampled, ctx, on_level=progress)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), default=str, indent=2))
+    else:
+        facts = result.facts
+        print(f"status: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+        print(f"server: max_total_num_tokens={facts.max_total_num_tokens} "
+              f"max_running_requests={facts.max_running_requests} "
+              f"gpus={','.join(facts.gpu_ids) or '-'}")
+        print(f"tables: {run_dir}/tables")
+    return 0 if result.status in ("ok", "infeasible", "pruned") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""One trial against the simulator as a real subprocess: figures, failures, and no leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune import results
+from specdecode_tune.config import load_experiment
+from specdecode_tune.sim.model import Workload, predict
+from specdecode_tune.sim.profile import load_profile
+from specdecode_tune.space import resolve
+from specdecode_tune.trial import TrialContext, run_trial
+from tests.conftest import DATA, REPO, pid_alive
+
+EXP = DATA / "sim-small.toml"
+
+
+def server_pids(local_dir: Path) -> list[int]:
+    """The pids the trial recorded for its servers (pidfiles are removed after teardown, so
+    the log names the process through the pidfile's record while it runs)."""
+    return [json.loads(p.read_text())["pid"] for p in (local_dir / "pids").glob("*.json")]
+
+
+def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
+    exp = load_experiment(EXP)
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-steps3")
+    result = run_trial(exp, {"speculative_num_steps": 3}, ctx)
+    assert result.status == "ok", result.reason
+    profile = load_profile("seed-qwen35-122b")
+    params = {**resolve({"speculative_num_steps": 3}, exp.backend.flags),
+              "speculative_algorithm": "EAGLE3", "tp_size": 2}
+    workload = Workload(input_len=256, output_len=512, temperature=0.0)
+    for level in result.levels:
+        want = predict(profile, params, level.concurrency, workload)
+        assert want.feasible
+        assert level.output_tok_s == pytest.approx(want.output_tok_s, rel=0.10), level
+        assert level.accept_length == pytest.approx(want.accept_length, rel=0.10)
+        assert level.errors == 0
+    assert result.facts.max_total_num_tokens == want.max_total_num_tokens
+    assert result.facts.max_running_requests == want.max_running_requests
+    # flagged when C=16 is above the running limit (queueing), and only then
+    c16 = next(lv for lv in result.levels if lv.concurrency == 16)
+    assert c16.over_running_limit == (16 > want.max_running_requests)
+
+    tables = results.read_tables(ctx.run_dir)
+    assert tables.trials.num_rows == 1 and tables.levels.num_rows == 2
+    assert tables.trials.column("status").to_pylist() == ["ok"]
+    assert tables.requests.num_rows > 0
+    assert not list((tmp_path / "logs" / "pids").glob("*.json"))   # teardown done
+
+
+def test_refused_config_is_an_infeasible_result(tmp_path: Path) -> None:
+    exp = load_experiment(EXP)
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-steps12")
+    t0 = time.monotonic()
+    result = run_trial(exp, {"speculative_num_steps": 12}, ctx)
+    assert result.status == "infeasible"
+    assert result.reason.startswith("kv_memory:") and "Not enough memory" in result.reason
+    assert time.monotonic() - t0 < 20
+    row = results.read_tables(ctx.run_dir).trials.to_pylist()[0]
+    assert row["status"] == "infeasible" and row["n_levels"] == 0
+
+
+def test_point_the_rules_refuse_is_never_booted(tmp_path: Path) -> None:
+    exp = load_experiment(EXP)
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-bad")
+    result = run_trial(exp, {"speculative_num_steps": 2, "speculative_eagle_topk": 2,
+                             "speculative_num_draft_tokens": 9}, ctx)
+    assert result.status == "pruned" and "steps * topk + 1" in result.reason
+    assert not (tmp_path / "logs" / "t-bad.log").exists()
+
+
+def test_killing_the_trial_midway_leaves_no_server(tmp_path: Path) -> None:
+    """SIGKILL the process running a trial while it measures: its server must not survive
+    (the server leads its own process group; the next run reaps it by pidfile)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdecode_tune.trial", "--experiment", str(EXP),
+         "--set", "speculative_num_steps=4", "--run-dir", str(run_dir)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not pids:
+            pids = server_pids(run_dir / "logs")
+            time.sleep(0.2)
+        assert pids, "the trial never started its server"
+        time.sleep(1.5)                       # inside the first level
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        # The server follows its trial's death (PR_SET_PDEATHSIG), no reaping needed.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            time.sleep(0.1)
+        assert not any(pid_alive(p) for p in pids)
+        # Its pidfile is left behind for a resumed run, which finds nothing left to end.
+        from specdecode_tune.server import reap_orphans
+        assert reap_orphans(run_dir / "logs" / "pids") == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in pids:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_trial_cli_prints_a_table_per_level(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "specdecode_tune.trial", "--experiment", str(EXP),
+         "--set", "speculative_num_steps=2", "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "status: ok" in out.stdout
+    assert "C=1" in out.stdout and "C=16" in out.stdout
+    assert "max_running_requests=21" in out.stdout          # the seed's figure at steps=2
+
+
+def test_trial_cli_rejects_an_unknown_parameter(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "specdecode_tune.trial", "--experiment", str(EXP),
+         "--set", "speculative_num_stepz=2", "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "speculative_num_stepz" in out.stderr
+    assert not (tmp_path / "run").exists()
