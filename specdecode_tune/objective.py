@@ -1,0 +1,125 @@
+"""Scores and noise: what "better" means, and when a difference is only noise.
+
+The scalar score of a trial is the weighted mean over concurrency levels of
+log(output tok/s / the no-speculation baseline's tok/s at the same level). A score of 0 is the
+baseline; +0.10 is about 10% faster on (weighted geometric) average; differences of scores are
+relative differences, so one noise band in relative terms serves every level.
+
+Repeats of one configuration are summarised robustly, as vLLM's tuner does:
+median - 1.4826 * MAD. The noise band is two pooled standard deviations of the repeats'
+residuals around their medians; a difference inside it is reported "within noise", never as a
+win.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from .records import LevelSummary
+
+MAD_K = 1.4826          # MAD -> standard deviation for normal noise
+RATIO_FLOOR = 0.01      # a level that produced (almost) nothing scores log(0.01), not -inf
+LATENCY_METRICS = ("ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
+
+
+def closed_levels(levels: Iterable[LevelSummary]) -> dict[int, LevelSummary]:
+    return {s.concurrency: s for s in levels if s.mode == "closed"}
+
+
+def scalar_score(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],
+                 weights: Mapping[int, float]) -> float | None:
+    """Weighted mean log-speedup over the baseline; None if a weighted level is missing."""
+    mine, base = closed_levels(levels), closed_levels(baseline)
+    num = den = 0.0
+    for c, w in weights.items():
+        if w <= 0:
+            continue
+        s, b = mine.get(c), base.get(c)
+        if s is None or b is None or b.output_tok_s <= 0:
+            return None
+        num += w * math.log(max(s.output_tok_s / b.output_tok_s, RATIO_FLOOR))
+        den += w
+    return num / den if den > 0 else None
+
+
+def speedups(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary]
+             ) -> dict[int, float]:
+    """tok/s ratio over the baseline at each level both measured."""
+    base = closed_levels(baseline)
+    return {c: s.output_tok_s / base[c].output_tok_s
+            for c, s in closed_levels(levels).items()
+            if c in base and base[c].output_tok_s > 0}
+
+
+def metric_modes(metrics: Sequence[str]) -> list[str]:
+    """Pareto directions: latencies are minimised, rates maximised."""
+    return ["min" if m.partition("@")[0] in LATENCY_METRICS else "max" for m in metrics]
+
+
+def pareto_values(levels: Iterable[LevelSummary], metrics: Sequence[str]) -> list[float] | None:
+    """Per-level metric values named "NAME@LEVEL"; None if one is missing."""
+    by_level = closed_levels(levels)
+    out = []
+    for m in metrics:
+        name, _, level = m.partition("@")
+        s = by_level.get(int(level))
+        value = getattr(s, name, None) if s is not None else None
+        if value is None:
+            return None
+        out.append(float(value))
+    return out
+
+
+@dataclass(frozen=True)
+class Robust:
+    """A configuration's repeated scores, summarised."""
+
+    n: int
+    median: float
+    sigma: float        # 1.4826 * MAD
+    score: float        # median - sigma: what ranks configurations
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Robust:
+        if not values:
+            raise ValueError("Robust.of needs at least one value")
+        med = statistics.median(values)
+        mad = statistics.median(abs(v - med) for v in values)
+        return cls(n=len(values), median=med, sigma=MAD_K * mad, score=med - MAD_K * mad)
+
+
+def noise_band(groups: Iterable[Sequence[float]], default: float) -> float:
+    """Two pooled standard deviations of repeated scores around their medians.
+
+    Uses every configuration measured at least twice; with fewer than three residual degrees
+    of freedom the measurement says too little and `default` is returned."""
+    residuals: list[float] = []
+    dof = 0
+    for values in groups:
+        if len(values) < 2:
+            continue
+        med = statistics.median(values)
+        residuals += [v - med for v in values]
+        dof += len(values) - 1
+    if dof < 3:
+        return default
+    # Mean squared residual about the median, corrected for the centre taken from the data.
+    sigma = math.sqrt(sum(r * r for r in residuals) / dof)
+    return min(max(2.0 * sigma, 0.002), 0.5)
+
+
+def compare(a: float, b: float, band: float) -> str:
+    """'better' / 'worse' / 'within noise': a against b, scores in log units."""
+    if a - b > band:
+        return "better"
+    if b - a > band:
+        return "worse"
+    return "within noise"
+
+
+def pct(log_diff: float) -> str:
+    """A log-score difference as a signed percentage: 0.018 -> '+1.8%'."""
+    return f"{(math.exp(log_diff) - 1) * 100:+.1f}%"

@@ -1,0 +1,92 @@
+"""The report of a search: plots, plateau verdicts, the recommended launch command and schedule.
+
+    python -m specdecode_tune.report RUN_DIR [--out DIR] [--experiment FILE]
+
+`write_report(run_dir)` reads the run's tables (a local path or any `pyarrow.fs` URI), and
+writes into `<run_dir>/report/` (or `out_dir`; a URI run dir gets a local folder, since the
+report is for a person at this machine):
+
+    report.md                    the ten-second summary first, then the evidence
+    report.html                  the same, with the figures embedded (readable offline)
+    *.png                        figures (matplotlib Agg, no display)
+    sglang-adaptive-config.json  the per-level schedule in SGLang's adaptive-config format
+    vllm-speculative-config.json the same as vLLM's --speculative-config
+
+Modules: `data` (run dir -> trials, configs, baseline, noise band), `verdicts` (plateau / peak /
+escape in words), `recommend` (best config, command, schedule and its formats), `figures`,
+`render` (Markdown / HTML, atomic writes), `build` (what the report says, in order), `cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from ..config import Experiment
+from . import build, figures, recommend, render, verdicts
+from .data import RunData, RunDirError, read_run
+
+REPORT_DIR = "report"
+
+
+@dataclass(frozen=True)
+class ReportOutput:
+    """Where the report went and its ten-second summary."""
+
+    path: str                         # report.md
+    html_path: str                    # report.html
+    figures: list[str]                # PNG paths
+    summary_lines: list[str]          # what a person reads first (the search prints it too)
+    schedule_paths: list[str] = field(default_factory=list)   # SGLang / vLLM schedule files
+
+
+def default_out_dir(run_dir: str) -> str:
+    """`<run_dir>/report` for a local run dir; for a URI, a local folder named after it (the
+    same temp folder the search keeps a URI run's logs in)."""
+    if "://" not in run_dir:
+        return os.path.join(os.path.abspath(run_dir), REPORT_DIR)
+    name = run_dir.rstrip("/").rsplit("/", 1)[-1] or "run"
+    return os.path.join(tempfile.gettempdir(), "specdecode_tune", name, REPORT_DIR)
+
+
+def write_report(run_dir: str, *, experiment: Experiment | None = None,
+                 out_dir: str | None = None) -> ReportOutput:
+    """Write the report of `run_dir`; raises RunDirError when there is nothing to report.
+
+    `experiment` defaults to `<run_dir>/experiment.toml` (the search copies it there); without
+    one the report says why it has no launch command."""
+    data = read_run(run_dir, experiment)
+    return write_report_from(data, out_dir or default_out_dir(run_dir))
+
+
+def write_report_from(data: RunData, out_dir: str) -> ReportOutput:
+    """Write the report of already-read run data into `out_dir`."""
+    rec = recommend.recommend(data)
+    sched = recommend.schedule(data)
+    axis_verdicts = verdicts.verdicts(data)
+    figs = figures.all_figures(data)
+    summary = build.summary_lines(data, rec, axis_verdicts, sched)
+    blocks = build.blocks(data, rec, axis_verdicts, sched, figs, summary)
+
+    os.makedirs(out_dir, exist_ok=True)
+    fig_paths = [render.write_atomic(os.path.join(out_dir, f.name), f.png) for f in figs]
+    sched_paths = []
+    if sched.sglang is not None:
+        sched_paths.append(render.write_atomic(
+            os.path.join(out_dir, recommend.SGLANG_SCHEDULE_FILE),
+            recommend.schedule_json(sched.sglang) + "\n"))
+    if sched.vllm is not None:
+        sched_paths.append(render.write_atomic(
+            os.path.join(out_dir, recommend.VLLM_SCHEDULE_FILE),
+            recommend.schedule_json(sched.vllm) + "\n"))
+    md = render.write_atomic(os.path.join(out_dir, "report.md"), render.to_markdown(blocks))
+    html_path = render.write_atomic(
+        os.path.join(out_dir, "report.html"),
+        render.to_html(blocks, {f.name: f.png for f in figs}, f"Report: {data.name}"))
+    return ReportOutput(path=md, html_path=html_path, figures=fig_paths,
+                        summary_lines=summary, schedule_paths=sched_paths)
+
+
+__all__ = ["REPORT_DIR", "ReportOutput", "RunDirError", "default_out_dir", "write_report",
+           "write_report_from"]

@@ -1,0 +1,287 @@
+"""What the report says, in order: the ten-second summary, then the evidence behind it.
+
+`summary_lines` is what a person reads first (and what the search prints at its end): the best
+config and its gain over the baseline per level, the plateau verdict in one sentence, and how
+sure we are (repeats, noise band). `blocks` is the whole report, rendered by `render`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..objective import pct
+from ..space import STEPS
+from . import render as r
+from .data import RunData, band_pct, fmt_value
+from .figures import Figure
+from .recommend import (
+    SGLANG_SCHEDULE_FILE,
+    VLLM_SCHEDULE_FILE,
+    Recommendation,
+    Schedule,
+    pct_gain,
+    runner_up_line,
+    schedule_json,
+    schedule_line,
+)
+from .verdicts import AxisVerdict
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _x(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio is not None else "-"
+
+
+def _tok(v: float | None) -> str:
+    return f"{v:.1f}" if v is not None else "-"
+
+
+def _counts(data: RunData) -> str:
+    spec = [t for t in data.trials if not t.baseline]
+    by = {s: sum(1 for t in spec if t.status == s) for s in ("ok", "infeasible", "failed",
+                                                            "pruned")}
+    suspect = sum(1 for t in spec if t.status == "ok" and t.suspect)
+    repeats = sum(1 for t in spec if t.repeat > 0)
+    return (f"{len(spec)} trials ({by['ok']} ok, {by['infeasible']} infeasible, "
+            f"{by['failed']} failed, {by['pruned']} pruned; {suspect} suspect; {repeats} "
+            f"re-measurements), {len(data.configs)} usable configurations")
+
+
+def band_text(data: RunData) -> str:
+    if data.band_measured:
+        n = sum(1 for cf in data.configs if cf.n >= 2)
+        return (f"noise band {band_pct(data.band)} measured from the repeats of {n} "
+                f"configuration(s)")
+    return (f"noise band {band_pct(data.band)} assumed (too few repeats to measure it; the "
+            f"experiment's search.noise_band)")
+
+
+def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
+                  sched: Schedule) -> list[str]:
+    best = rec.config
+    if best is None:
+        why = ("" if data.baseline is not None else
+               " (no no-speculation baseline was measured either, so nothing could be scored)")
+        return [f"No usable configuration was measured{why}: {_counts(data)}.",
+                "See the report's trial list for the reasons."]
+    lines = []
+    if data.baseline is None:
+        lines.append(f"Best config: {data.label(best.params)}; no no-speculation baseline was "
+                     f"measured, so gains are unknown (scores as the search recorded them).")
+    else:
+        per = ", ".join(f"C={row.c} {_x(row.speedup)}" for row in rec.rows
+                        if row.speedup is not None)
+        if rec.vs_baseline == "better":
+            lines.append(f"Best config: {data.label(best.params)}: {pct(best.robust.median)} "
+                         f"weighted vs no speculation ({per}).")
+        else:
+            lines.append(f"Run without speculation: the best config, {data.label(best.params)}, "
+                         f"is {rec.vs_baseline} against the baseline "
+                         f"({pct(best.robust.median)} weighted; {per}).")
+    steps_v = next((v for v in verdicts if v.axis == STEPS), None)
+    main_v = steps_v or (verdicts[0] if verdicts else None)
+    if main_v is not None:
+        lines.append(f"Plateau verdict: {main_v.summary}.")
+    once = (" (once: no repeat backs its figures; re-measure it before trusting a small "
+            "margin)" if best.n == 1 else "")
+    sure = f"How sure: best measured {best.n}x{once}; {band_text(data)}"
+    ru = runner_up_line(data, rec)
+    lines.append(sure + (f"; {ru}." if ru else "."))
+    if sched.chain:
+        lines.append(f"Per-level schedule: {schedule_line(data, sched)}.")
+    lines.append(f"Trials: {_counts(data)}.")
+    return lines
+
+
+def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
+    out: list[r.Block] = [r.Heading(3, f"{v.axis}"), r.Para(v.headline + ".")]
+    if v.per_level:
+        out.append(r.Para("Per concurrency level (same configs):"))
+        out.append(r.Bullets(v.per_level))
+    if v.steps:
+        head = ("step", "score") + tuple(f"C={c}" for c in data.levels)
+        rows = []
+        for s in v.steps:
+            cells = [f"{fmt_value(s.a)} -> {fmt_value(s.b)}" + (" (jump)" if s.jump else ""),
+                     pct(s.score) + (" (noise)" if s.score_within else "")]
+            for c in data.levels:
+                d = s.levels.get(c)
+                cells.append("-" if d is None else pct(d[0]) + (" (noise)" if d[1] else ""))
+            rows.append(tuple(cells))
+        out.append(r.Para("Every step between adjacent measured values, at the best config of "
+                          "each value; \"(noise)\" marks a difference inside the noise band "
+                          f"(score {band_pct(data.band)}; per level: "
+                          + ", ".join(f"C={c} {band_pct(b)}" for c, b in
+                                      data.level_bands.items()) + ")."))
+        out.append(r.Table(head, tuple(rows)))
+    if v.infeasible:
+        out.append(r.Para("Refused by the server, with no usable measurement at that value: "
+                          + "; ".join(f"{fmt_value(val)} ({_short(reason)})"
+                                      for val, reason in v.infeasible) + "."))
+    return out
+
+
+def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
+    out: list[r.Block] = [r.Heading(2, "Per-concurrency schedule")]
+    if not sched.entries:
+        return out + [r.Para("No level has a usable measurement.")]
+    rows = []
+    for e in sched.entries:
+        gain = pct_gain(e.gain) if e.gain else "-"
+        if e.within_noise:
+            gain += f" (within noise, {band_pct(data.level_bands.get(e.c, data.band))})"
+        emitted = next((x for x in sched.chain if x.c == e.c), None)
+        rows.append((f"C={e.c}", data.label(e.config.params), _tok(e.tok_s), gain,
+                     "-" if emitted is None else "no speculation" if emitted.steps == 0
+                     else f"steps={emitted.steps}"))
+    out.append(r.Para("For each measured concurrency level, the measured configuration with "
+                      "the highest median tokens/s there (feasible, not suspect; the baseline "
+                      "counts), its gain over the recommended static config at that level, and "
+                      "the steps the emitted schedule uses there (the static config's where "
+                      "the gain is within noise; a chain, topk = 1, since servers switch only "
+                      "steps)."))
+    out.append(r.Table(("level", "best measured config", "tok/s", "vs static best",
+                        "emitted"), tuple(rows)))
+    if sched.notes:
+        out.append(r.Bullets(sched.notes))
+    out.append(r.Heading(3, "SGLang: --speculative-adaptive-config"))
+    if sched.sglang is None:
+        out.append(r.Para("Nothing to emit (see the notes above)."))
+    else:
+        out.append(r.Para(
+            f"A JSON file (written next to this report as `{SGLANG_SCHEDULE_FILE}`), passed "
+            f"with `--speculative-adaptive --speculative-adaptive-config PATH`; topk = 1 only. "
+            f"Keys are batch sizes: SGLang uses the largest key <= the batch size (after "
+            f"CUDA-graph padding); one candidate per key pins that level's steps. Format as "
+            f"read in sgl-project/sglang `speculative/adaptive_spec_params.py`."))
+        out.append(r.Code(schedule_json(sched.sglang), "json"))
+        if sched.sglang_command:
+            out.append(r.Code(sched.sglang_command, "sh"))
+    out.append(r.Heading(3, "vLLM: num_speculative_tokens_per_batch_size"))
+    if sched.vllm is None:
+        out.append(r.Para("Nothing to emit (see the notes above)."))
+    else:
+        out.append(r.Para(
+            f"A key of `--speculative-config` (written as `{VLLM_SCHEDULE_FILE}`): "
+            f"`[range_start, range_end, K]` with inclusive batch-size ranges starting at 1; "
+            f"vLLM keeps the last K past the last range; K (draft tokens per step) is SGLang's "
+            f"steps for a chain. Format as read in vllm-project/vllm "
+            f"`vllm/config/speculative.py`."
+            + ("" if data.experiment is not None and data.experiment.backend.kind == "vllm"
+               else " SGLang's mem_fraction_static has no exact vLLM equivalent "
+                    "(`--gpu-memory-utilization` counts differently): set it yourself.")))
+        out.append(r.Code(schedule_json(sched.vllm), "json"))
+        if sched.vllm_command:
+            out.append(r.Code(sched.vllm_command, "sh"))
+    return out
+
+
+def _trial_blocks(data: RunData) -> list[r.Block]:
+    out: list[r.Block] = [r.Heading(2, "Trials"), r.Para(_counts(data) + ".")]
+    out.append(r.Heading(3, "Configurations, best first"))
+    if data.configs:
+        head = ("#", "config", "n", "score (median)", "median - MAD") + tuple(
+            f"C={c} tok/s" for c in data.levels) + ("plateau jump",)
+        rows = []
+        for i, cf in enumerate(data.configs, start=1):
+            rows.append((str(i), data.label(cf.params), str(cf.n), f"{cf.robust.median:+.3f}",
+                         f"{cf.robust.score:+.3f}")
+                        + tuple(_tok(cf.tok_s(c)) for c in data.levels)
+                        + (cf.jump_reason or "",))
+        out.append(r.Table(head, tuple(rows)))
+    else:
+        out.append(r.Para("None."))
+    out.append(r.Heading(3, "Suspect trials (left out of every figure of merit)"))
+    sus = [t for t in data.trials if t.status == "ok" and t.suspect]
+    out.append(r.Table(("trial", "config", "why"), tuple(
+        (t.trial_id, data.label(t.params), t.suspect_why) for t in sus)) if sus
+        else r.Para("None."))
+    out.append(r.Heading(3, "Infeasible, failed and pruned trials"))
+    bad = [t for t in data.trials if t.status != "ok"]
+    out.append(r.Table(("trial", "config", "status", "reason"), tuple(
+        (t.trial_id, data.label(t.params), t.status, t.reason) for t in bad)) if bad
+        else r.Para("None."))
+    incomplete = [t for t in data.trials if t.status == "ok" and not t.suspect
+                  and t.score is None]
+    if incomplete:
+        out.append(r.Para("Measured but unscored (a weighted level is missing): "
+                          + ", ".join(t.trial_id for t in incomplete) + "."))
+    return out
+
+
+def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
+           sched: Schedule, figures: Sequence[Figure], summary: Sequence[str]
+           ) -> list[r.Block]:
+    exp = data.experiment
+    out: list[r.Block] = [r.Heading(1, f"Speculative-decoding report: {data.name}")]
+    out.append(r.Bullets(tuple(summary)))
+    src = f"run dir `{data.run_dir}`"
+    if exp is not None:
+        src += f"; experiment `{exp.name}` on backend `{exp.backend.kind}`"
+        if exp.backend.kind == "sim":
+            src += (" (the embedded simulator: figures come from its performance model, not "
+                    "from a real server)")
+    else:
+        src += f"; {data.experiment_note}"
+    out.append(r.Para(src + "."))
+
+    out.append(r.Heading(2, "Recommendation"))
+    if rec.config is None:
+        out.append(r.Para("No feasible configuration was measured."))
+    else:
+        best = rec.config
+        out.append(r.Para(
+            f"Best static config for the objective (highest median - 1.4826 MAD of its "
+            f"scores over {best.n} measurement(s), suspect trials left out): "
+            f"`{data.label(best.params)}`, score {best.robust.median:+.3f} "
+            f"({pct(best.robust.median)} weighted vs no speculation: {rec.vs_baseline})."))
+        if rec.command:
+            out.append(r.Code(rec.command, "sh"))
+        else:
+            out.append(r.Para(rec.command_note + "."))
+        rows = tuple((f"C={row.c}", _tok(row.tok_s),
+                      f"{_tok(row.lo)} - {_tok(row.hi)}" if row.n > 1 else "-", str(row.n),
+                      _tok(row.base), _x(row.speedup),
+                      f"{row.accept:.2f}" if row.accept is not None else "-")
+                     for row in rec.rows)
+        out.append(r.Table(("level", "tok/s (median)", "min - max", "n", "baseline tok/s",
+                            "speedup", "accept length"), rows))
+        ru = runner_up_line(data, rec)
+        if ru:
+            out.append(r.Para(ru[0].upper() + ru[1:] + "."))
+    out += _schedule_blocks(data, sched)
+
+    out.append(r.Heading(2, "Plateau verdicts"))
+    out.append(r.Para(
+        f"From the measured data, per ordinal parameter that varied. Curves use the best "
+        f"configuration at each value (like with like when other settings vary); differences "
+        f"are between medians over repeats; {band_text(data)}; a difference inside it is "
+        f"\"within noise\", never a win."))
+    if not verdicts:
+        out.append(r.Para("No ordinal parameter took two values among usable configs."))
+    for v in verdicts:
+        out += _verdict_blocks(data, v)
+
+    out.append(r.Heading(2, "Figures"))
+    if not figures:
+        out.append(r.Para("No figure: nothing usable was measured."))
+    out += [r.Image(f.name, f.title, f.caption) for f in figures]
+    out += _trial_blocks(data)
+    out.append(r.Heading(2, "How the figures are computed"))
+    out.append(r.Bullets((
+        ("Score of a trial: the weighted mean over concurrency levels of log(tok/s / baseline "
+         "tok/s at that level), weights from the experiment's objective; 0 is the baseline, "
+         "+0.10 is about +10%."),
+        ("Robust score of a configuration: median - 1.4826 * MAD over its repeats (as vLLM's "
+         "tuner ranks); suspect trials (telemetry flags, errors during a level) are left out."),
+        ("Noise band: two pooled standard deviations of repeated scores around their medians "
+         "(objective.noise_band); each level's band uses the repeats' log tok/s at that level."),
+        ("Verdict terms: a plateau is adjacent values within the band of the best; a peak is a "
+         "plateau (or best value) with a worse value beyond it; escaped: a flat run left "
+         "behind by a value better than it by more than the band."),
+    )))
+    return out

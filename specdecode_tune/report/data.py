@@ -1,0 +1,394 @@
+"""A run dir read back for the report: trials, configurations, the baseline and the noise band.
+
+Everything here is computed from the run's tables (`results.read_tables`), not from the
+sampler's memory, so a report of a killed or resumed search says what was measured:
+
+- a *trial* is one server boot (a row of the trials table with its levels);
+- a *configuration* groups the trials that share a `config_key` (the first measurement and its
+  re-measurements); only trials with status "ok" that are not suspect count towards it;
+- the *baseline* is the no-speculation server (trial id "baseline", or steps = 0);
+- scores are recomputed from the levels against the baseline with `objective.scalar_score`
+  (the experiment's weights), so a report never depends on how the search scored; a run
+  without a baseline falls back to the scores in the trials table;
+- the noise band is `objective.noise_band` over the configurations measured more than once,
+  with the experiment's `search.noise_band` as the default; each concurrency level gets its
+  own band from the repeats' log tok/s at that level (the score's band when too few).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from .. import results
+from ..config import Experiment, experiment_from_dict
+from ..errors import ConfigError, SpecTuneError
+from ..objective import Robust, noise_band, scalar_score
+from ..records import LevelSummary, ServerFacts
+from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
+
+BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
+EXPERIMENT_FILE = "experiment.toml"  # the search copies the experiment here
+DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
+# Axes in the order a reader asks about them: steps first (the seed's question).
+AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
+SHORT = {STEPS: "steps", TOPK: "topk", DRAFT: "draft", MEM: "mem"}
+
+
+class RunDirError(SpecTuneError, ValueError):
+    """The run dir is missing, unreadable or holds no trials (the CLI exits 2 with it)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One server boot as the report sees it."""
+
+    trial_id: str
+    config_key: str
+    repeat: int
+    status: str
+    reason: str
+    params: dict[str, Any]
+    levels: dict[int, LevelSummary]   # closed-loop levels by concurrency
+    facts: ServerFacts
+    suspect: bool                     # the trial or one of its levels is suspect
+    suspect_why: str
+    score: float | None               # vs the baseline; None when a weighted level is missing
+    jump_reason: str | None           # set when the plateau sampler proposed it as a jump
+    order: int                        # completion order among all trials, 0-based
+    finished_at: datetime | None
+
+    @property
+    def baseline(self) -> bool:
+        return self.trial_id == BASELINE_ID or is_baseline(self.params)
+
+    @property
+    def usable(self) -> bool:
+        """Counts towards its configuration's figures (and the verdicts)."""
+        return self.status == "ok" and not self.suspect and self.score is not None
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: its usable trials (first measurement and re-measurements)."""
+
+    key: str
+    params: dict[str, Any]
+    trials: tuple[Trial, ...]
+    robust: Robust
+
+    @property
+    def n(self) -> int:
+        return len(self.trials)
+
+    @property
+    def jump(self) -> bool:
+        return any(t.jump_reason for t in self.trials)
+
+    @property
+    def jump_reason(self) -> str | None:
+        return next((t.jump_reason for t in self.trials if t.jump_reason), None)
+
+    def values(self, c: int) -> list[float]:
+        return [t.levels[c].output_tok_s for t in self.trials if c in t.levels]
+
+    def tok_s(self, c: int) -> float | None:
+        """Median output tok/s at level c over the repeats."""
+        v = self.values(c)
+        return statistics.median(v) if v else None
+
+    def tok_s_range(self, c: int) -> tuple[float, float] | None:
+        v = self.values(c)
+        return (min(v), max(v)) if v else None
+
+    def accept(self, c: int) -> float | None:
+        v = [t.levels[c].accept_length for t in self.trials
+             if c in t.levels and t.levels[c].accept_length is not None]
+        return statistics.median(v) if v else None
+
+    def fact(self, name: str) -> float | None:
+        v = [getattr(t.facts, name) for t in self.trials if getattr(t.facts, name) is not None]
+        return statistics.median(v) if v else None
+
+    def param(self, name: str) -> Any:
+        return self.params.get(name)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything the report says, read from one run dir."""
+
+    run_dir: str
+    experiment: Experiment | None
+    experiment_note: str              # why there is no experiment, when there is none
+    trials: tuple[Trial, ...]         # every trial, baseline included, in completion order
+    baseline: Config | None
+    configs: tuple[Config, ...]       # speculative configs, best robust score first
+    levels: tuple[int, ...]           # measured closed-loop concurrencies, ascending
+    weights: dict[int, float]
+    band: float                       # noise band of scores (log units)
+    band_dof: int                     # residual degrees of freedom behind it (0: the default)
+    level_bands: dict[int, float]
+    axes: tuple[str, ...]             # ordinal parameters that vary across configs
+    shown: tuple[str, ...] = ()       # parameters a label shows (searched or varying)
+    name: str = ""
+    extra_notes: tuple[str, ...] = field(default=())
+
+    @property
+    def band_measured(self) -> bool:
+        return self.band_dof >= 3
+
+    @property
+    def best(self) -> Config | None:
+        return self.configs[0] if self.configs else None
+
+    def base_tok_s(self, c: int) -> float | None:
+        return self.baseline.tok_s(c) if self.baseline is not None else None
+
+    def label(self, params: Mapping[str, Any]) -> str:
+        """The settings a reader compares (searched or varying), not every fixed flag; the
+        launch command has them all."""
+        return describe(params, only=self.shown or None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _filesystem(run_dir: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in run_dir:
+        fs, path = pafs.FileSystem.from_uri(run_dir)
+    else:
+        fs, path = pafs.LocalFileSystem(), os.path.abspath(run_dir)
+    return fs, path.rstrip("/") or "/"
+
+
+def check_run_dir(run_dir: str) -> None:
+    """Raise RunDirError unless `run_dir` exists and is a directory."""
+    try:
+        fs, path = _filesystem(run_dir)
+        info = fs.get_file_info(path)
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"{run_dir}: cannot open the run dir ({str(e).splitlines()[0]})") \
+            from None
+    if info.type == pafs.FileType.NotFound:
+        raise RunDirError(f"{run_dir}: no such run dir")
+    if info.type != pafs.FileType.Directory:
+        raise RunDirError(f"{run_dir}: not a directory")
+
+
+def load_experiment_from_run(run_dir: str) -> tuple[Experiment | None, str]:
+    """The experiment the search copied into the run dir, or (None, why not)."""
+    fs, root = _filesystem(run_dir)
+    path = f"{root}/{EXPERIMENT_FILE}"
+    try:
+        with fs.open_input_stream(path) as f:
+            raw = f.read()
+    except (FileNotFoundError, OSError):
+        return None, f"no {EXPERIMENT_FILE} in the run dir"
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+        # The report never reads the workload, and a relative JSONL path in the copy would not
+        # resolve from the run dir: leave it out rather than lose the launch command over it.
+        data.pop("workload", None)
+        return experiment_from_dict(data, where=path), ""
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as e:
+        return None, f"{EXPERIMENT_FILE} in the run dir could not be loaded ({e})"
+
+
+def _closed(levels: Iterable[LevelSummary]) -> dict[int, LevelSummary]:
+    return {s.concurrency: s for s in levels if s.mode == "closed"}
+
+
+def _median_levels(trials: Sequence[Trial]) -> list[LevelSummary]:
+    """Per-level summaries with the median tok/s over `trials` (the baseline's repeats)."""
+    out = []
+    by_c: dict[int, list[LevelSummary]] = {}
+    for t in trials:
+        for c, s in t.levels.items():
+            by_c.setdefault(c, []).append(s)
+    for c, ss in sorted(by_c.items()):
+        out.append(dataclasses.replace(ss[0], output_tok_s=statistics.median(
+            s.output_tok_s for s in ss)))
+    return out
+
+
+def _suspect_why(trial_suspect: bool, levels: Mapping[int, LevelSummary]) -> str:
+    parts = [f"C={c}: {s.note or 'flagged'}" for c, s in sorted(levels.items()) if s.suspect]
+    if trial_suspect and not parts:
+        parts.append("flagged by the trial (telemetry or errors)")
+    return "; ".join(parts)
+
+
+def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
+    """Read and summarise a run dir; RunDirError when there is nothing to report on."""
+    check_run_dir(run_dir)
+    note = ""
+    if experiment is None:
+        experiment, note = load_experiment_from_run(run_dir)
+    tables = results.read_tables(run_dir)
+    if tables.trials.num_rows == 0:
+        raise RunDirError(f"{run_dir}: no trials recorded (tables/trials is empty)")
+    levels_by = results.levels_by_trial(tables.levels)
+    rows = tables.trials.to_pylist()
+    # Completion order: finished_at where the search recorded it, else the table's order.
+    rows = sorted(enumerate(rows), key=lambda ir: (
+        ir[1]["finished_at"] is None, ir[1]["finished_at"] or datetime.min, ir[0]))
+
+    raw: list[dict[str, Any]] = []
+    for order, (_, row) in enumerate(rows):
+        lv = _closed(levels_by.get(row["trial_id"], ()))
+        facts = ServerFacts(max_total_num_tokens=row["max_total_num_tokens"],
+                            max_running_requests=row["max_running_requests"],
+                            gpu_ids=tuple(row["gpu_ids"]), boot_s=row["boot_s"],
+                            extra=json.loads(row["facts_json"]) if row["facts_json"] else {})
+        suspect = bool(row["suspect"]) or any(s.suspect for s in lv.values())
+        raw.append({"trial_id": row["trial_id"], "config_key": row["config_key"],
+                    "repeat": row["repeat"], "status": row["status"], "reason": row["reason"],
+                    "params": json.loads(row["params_json"]), "levels": lv, "facts": facts,
+                    "suspect": suspect,
+                    "suspect_why": _suspect_why(bool(row["suspect"]), lv) if suspect else "",
+                    "table_score": row["score"], "jump_reason": row["jump_reason"] or None,
+                    "order": order, "finished_at": row["finished_at"]})
+
+    base_rows = [r for r in raw if (r["trial_id"] == BASELINE_ID or is_baseline(r["params"]))
+                 and r["status"] == "ok" and not r["suspect"] and r["levels"]]
+    measured_levels = sorted({c for r in raw if r["status"] == "ok" for c in r["levels"]})
+    if experiment is not None:
+        weights = experiment.level_weights()
+    else:
+        weights = {c: 1.0 for c in (sorted({c for r in base_rows for c in r["levels"]})
+                                    or measured_levels)}
+
+    def make(r: dict[str, Any], score: float | None) -> Trial:
+        fields = {k: v for k, v in r.items() if k != "table_score"}
+        return Trial(score=score, **fields)
+
+    base_trials = [make(r, 0.0) for r in base_rows]
+    base_levels = _median_levels(base_trials) if base_trials else None
+    trials: list[Trial] = []
+    for r in raw:
+        if r["trial_id"] == BASELINE_ID or is_baseline(r["params"]):
+            score: float | None = 0.0 if r["status"] == "ok" else None
+        elif base_levels is not None:
+            score = scalar_score(r["levels"].values(), base_levels, weights) \
+                if r["status"] == "ok" else None
+        else:
+            score = r["table_score"]
+        trials.append(make(r, score))
+
+    baseline = None
+    if base_trials:
+        baseline = Config(key=base_trials[0].config_key, params=dict(base_trials[0].params),
+                          trials=tuple(base_trials), robust=Robust.of([0.0] * len(base_trials)))
+    groups: dict[str, list[Trial]] = {}
+    for t in trials:
+        if t.usable and not t.baseline:
+            groups.setdefault(t.config_key, []).append(t)
+    configs = [Config(key=k, params=dict(ts[0].params), trials=tuple(ts),
+                      robust=Robust.of([t.score for t in ts if t.score is not None]))
+               for k, ts in groups.items()]
+    # Best first; ties go to fewer steps (cheaper drafting), then the earlier measurement.
+    configs.sort(key=lambda cf: (-cf.robust.score, -cf.robust.median,
+                                 _num(cf.param(STEPS)), cf.trials[0].order))
+
+    default = experiment.search.noise_band if experiment is not None else DEFAULT_BAND
+    score_groups = [[t.score for t in cf.trials if t.score is not None] for cf in configs]
+    band = noise_band(score_groups, default)
+    dof = sum(len(g) - 1 for g in score_groups if len(g) >= 2)
+    if dof < 3:
+        dof = 0
+    level_bands = {}
+    for c in measured_levels:
+        groups_c = [[math.log(v) for v in cf.values(c) if v > 0] for cf in configs]
+        level_bands[c] = noise_band(groups_c, band)
+
+    return RunData(run_dir=run_dir, experiment=experiment, experiment_note=note,
+                   trials=tuple(trials), baseline=baseline, configs=tuple(configs),
+                   levels=tuple(measured_levels), weights=dict(weights), band=band,
+                   band_dof=dof, level_bands=level_bands, axes=_axes(configs, experiment),
+                   shown=_shown(configs, experiment),
+                   name=experiment.name if experiment is not None
+                   else os.path.basename(run_dir.rstrip("/")))
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else math.inf
+
+
+def _axes(configs: Sequence[Config], experiment: Experiment | None) -> tuple[str, ...]:
+    """Ordinal parameters that take more than one value among the configurations."""
+    names: list[str] = []
+    if experiment is not None:
+        names = [p.name for p in experiment.space if p.ordinal]
+        # Fixed flags never vary; derived draft tokens are added below when they do.
+    for cf in configs:
+        for k, v in cf.params.items():
+            if k not in names and isinstance(v, (int, float)) and not isinstance(v, bool):
+                names.append(k)
+    varying = [n for n in names
+               if len({_num(cf.param(n)) for cf in configs if cf.param(n) is not None}) > 1]
+    # With topk = 1 the server sets draft tokens = steps + 1: for chains that axis is the steps
+    # axis again, so it is an axis of its own only where trees (topk > 1) took two values.
+    trees = {_num(cf.param(DRAFT)) for cf in configs if (cf.param(TOPK) or 1) > 1}
+    if DRAFT in varying and len(trees) < 2:
+        varying.remove(DRAFT)
+    order = {n: i for i, n in enumerate(AXIS_ORDER)}
+    return tuple(sorted(varying, key=lambda n: (order.get(n, len(order)), names.index(n))))
+
+
+def _shown(configs: Sequence[Config], experiment: Experiment | None) -> tuple[str, ...]:
+    names = [STEPS, TOPK, DRAFT]
+    if experiment is not None:
+        names += [p.name for p in experiment.space if p.name not in names]
+    else:
+        names.append(MEM)
+    for cf in configs:
+        for k in cf.params:
+            if k not in names and len({json.dumps(c.params.get(k)) for c in configs}) > 1:
+                names.append(k)
+    return tuple(names)
+
+
+def describe(params: Mapping[str, Any], *, only: Sequence[str] | None = None) -> str:
+    """Short human form of the searched settings: 'steps=4 topk=1 draft=5 mem=0.85'."""
+    if is_baseline(params):
+        return "no speculation (baseline)"
+    keys = [k for k in AXIS_ORDER if k in params] + sorted(
+        k for k in params if k not in AXIS_ORDER)
+    if only is not None:
+        keys = [k for k in keys if k in only]
+    parts = []
+    for k in keys:
+        v = params[k]
+        if v is None or k.startswith("_"):
+            continue
+        parts.append(f"{SHORT.get(k, k)}={fmt_value(v)}")
+    return " ".join(parts)
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def pct_ratio(ratio: float) -> str:
+    """1.018 -> '+1.8%'."""
+    return f"{(ratio - 1) * 100:+.1f}%"
+
+
+def band_pct(band: float) -> str:
+    """A log-units band as the relative ± a reader expects: 0.025 -> '±2.5%'."""
+    return f"±{math.expm1(band) * 100:.1f}%"

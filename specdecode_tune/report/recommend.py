@@ -1,0 +1,317 @@
+"""The recommendation: the best static config, its launch command, and a per-level schedule.
+
+The best static config is the configuration with the highest robust score (median - 1.4826 *
+MAD of its repeats' scores; suspect trials left out). The schedule picks, for each measured
+concurrency level, the measured configuration with the highest median tok/s at that level
+(feasible, not suspect; the no-speculation baseline counts: it wins where drafting costs more
+than it returns). Servers can switch only the number of draft steps at run time, so the
+schedule is emitted for chains (topk = 1) in the two formats that exist:
+
+SGLang `--speculative-adaptive-config` (with `--speculative-adaptive`), as read in the stored
+sgl-project/sglang sources: the flag takes the PATH of a JSON file ("Path to a JSON config file
+for adaptive speculative decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`,
+commit 015c8726). `python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
+`_load_adaptive_config`: the keys that are integer strings are batch sizes, each
+`{"candidate_steps": [non-negative ints], ...}` (optional `ema_alpha`, `update_interval`,
+`warmup_batches`, `up_hysteresis`, `down_hysteresis`, `ceiling_coeff`); a top-level `"strategy"`
+is "ema" (default) or "throughput_aware"; `adaptive_unsupported_reason` refuses adaptive mode
+unless topk = 1 and the algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6)
+routes a batch to the largest key <= its size after CUDA-graph padding (the first key below
+that). `_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit
+004c82e0): `--speculative-num-steps` must be in the union of the candidate steps, and draft
+tokens become steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
+
+vLLM `num_speculative_tokens_per_batch_size`, a key of `--speculative-config`, as read in
+vllm-project/vllm `vllm/config/speculative.py` (commit 002e77c1): `list[tuple[int, int, int]]`,
+"(range_start, range_end, num_speculative_tokens) with an inclusive batch-size range";
+`vllm/v1/spec_decode/dynamic/utils.py` (commit 14b450ca) checks that ranges are sorted, do not
+overlap and start at 1, K >= 0, clamps K to `num_speculative_tokens`, and keeps the last K for
+batches past the last range. vLLM's K is the number of draft tokens per step: SGLang's steps
+for a chain (topk = 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import get_backend
+from ..config import Experiment
+from ..objective import compare, pct
+from ..space import DRAFT, MEM, STEPS, TOPK
+from .data import SHORT, Config, RunData, band_pct, describe, fmt_value
+
+SGLANG_SCHEDULE_FILE = "sglang-adaptive-config.json"
+VLLM_SCHEDULE_FILE = "vllm-speculative-config.json"
+
+
+@dataclass(frozen=True)
+class LevelRow:
+    """The recommended config at one level against the baseline."""
+
+    c: int
+    tok_s: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+    base: float | None
+    accept: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.tok_s is None or not self.base:
+            return None
+        return self.tok_s / self.base
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    config: Config | None
+    command: str | None
+    command_note: str                 # why there is no command, when there is none
+    rows: tuple[LevelRow, ...]
+    vs_baseline: str                  # compare() of its score against 0: better / within / worse
+    runner_up: Config | None
+    runner_delta: float | None        # runner-up median minus best median (log)
+    runner_within: bool
+
+
+def launch_command(exp: Experiment | None, params: dict[str, Any], why_no_exp: str
+                   ) -> tuple[str | None, str]:
+    """(the backend's launch command, '') or (None, why there is none)."""
+    if exp is None:
+        return None, (f"no launch command: {why_no_exp or 'no experiment'}, so the backend "
+                      f"kind and its fixed flags are unknown")
+    try:
+        backend = get_backend(exp.backend.kind)
+    except ValueError as e:
+        return None, f"no launch command: {e}"
+    return backend.launch_command(exp.backend, params), ""
+
+
+def recommend(data: RunData) -> Recommendation:
+    best = data.best
+    if best is None:
+        return Recommendation(None, None, "no feasible configuration was measured", (),
+                              "n/a", None, None, False)
+    cmd, note = launch_command(data.experiment, best.params, data.experiment_note)
+    rows = []
+    for c in data.levels:
+        rng = best.tok_s_range(c)
+        rows.append(LevelRow(c=c, tok_s=best.tok_s(c), lo=rng[0] if rng else None,
+                             hi=rng[1] if rng else None, n=len(best.values(c)),
+                             base=data.base_tok_s(c), accept=best.accept(c)))
+    runner = data.configs[1] if len(data.configs) > 1 else None
+    delta = runner.robust.median - best.robust.median if runner is not None else None
+    return Recommendation(
+        config=best, command=cmd, command_note=note, rows=tuple(rows),
+        vs_baseline=compare(best.robust.median, 0.0, data.band) if data.baseline else "n/a",
+        runner_up=runner, runner_delta=delta,
+        runner_within=delta is not None and abs(delta) <= data.band)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-level schedule
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The best measured config at one concurrency level."""
+
+    c: int
+    config: Config
+    tok_s: float
+    static_tok_s: float | None       # the recommended static config at this level
+    within_noise: bool = False       # beats the static config by no more than the level's band
+    kept_static: bool = False        # emitted as the static config because of that
+
+    @property
+    def steps(self) -> int:
+        return int(self.config.param(STEPS) or 0)
+
+    @property
+    def gain(self) -> float | None:
+        if not self.static_tok_s:
+            return None
+        return self.tok_s / self.static_tok_s
+
+
+@dataclass(frozen=True)
+class Schedule:
+    entries: tuple[Entry, ...]       # any measured config (topk may vary)
+    chain: tuple[Entry, ...]         # chains only (topk = 1, or no speculation): the formats
+    sglang: dict[str, Any] | None    # the JSON file's content
+    sglang_command: str | None
+    vllm: dict[str, Any] | None      # the --speculative-config JSON
+    vllm_command: str | None
+    notes: tuple[str, ...]
+
+
+def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
+    pool = list(data.configs) + ([data.baseline] if data.baseline is not None else [])
+    if chain_only:
+        pool = [cf for cf in pool if cf.param(TOPK) in (None, 1)]
+    pool = [cf for cf in pool if cf.tok_s(c) is not None]
+    if not pool:
+        return None
+    # Highest median tok/s; ties to fewer steps (cheaper), then the better score.
+    return max(pool, key=lambda cf: (cf.tok_s(c), -(cf.param(STEPS) or 0),
+                                     cf.robust.median))
+
+
+def schedule(data: RunData) -> Schedule:
+    best = data.best
+    notes: list[str] = []
+
+    def entries(chain_only: bool) -> tuple[Entry, ...]:
+        out = []
+        for c in data.levels:
+            cf = _best_at(data, c, chain_only=chain_only)
+            if cf is None:
+                continue
+            tok = cf.tok_s(c)
+            static = best.tok_s(c) if best is not None else None
+            within = bool(static) and cf is not best and \
+                math.log(tok / static) <= data.level_bands.get(c, data.band)  # type: ignore
+            out.append(Entry(c=c, config=cf, tok_s=tok,  # type: ignore[arg-type]
+                             static_tok_s=static, within_noise=within))
+        return tuple(out)
+
+    all_e, raw_chain = entries(False), entries(True)
+    # A level whose winner beats the static config only within noise keeps the static config
+    # in what is emitted: switching settings for a difference the repeats cannot tell from
+    # noise is the trap the report exists to avoid.
+    static_chain = best is not None and best.param(TOPK) in (None, 1)
+    chain = tuple(Entry(c=e.c, config=best, tok_s=best.tok_s(e.c),  # type: ignore[arg-type]
+                        static_tok_s=e.static_tok_s, kept_static=True)
+                  if e.within_noise and static_chain else e for e in raw_chain)
+    kept = [e for e in chain if e.kept_static]
+    if kept:
+        notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
+                     "config beats the recommended static config only within noise: the "
+                     "emitted schedule keeps the static config's steps there.")
+    if chain and static_chain and all(e.config is best for e in chain):
+        notes.append("The schedule equals the static config: no level gains beyond noise "
+                     "from switching steps.")
+    if [e.config.key for e in all_e] != [e.config.key for e in raw_chain]:
+        notes.append("Some levels are best with topk > 1; servers switch only a chain's "
+                     "steps at run time (SGLang's adaptive mode takes topk = 1 only), so the "
+                     "formats below use the best chain (topk = 1) at each level.")
+    if not chain or all(e.steps == 0 for e in chain):
+        notes.append("No level is best with speculation: no schedule to emit.")
+        return Schedule(all_e, chain, None, None, None, None, tuple(notes))
+    base = best.params if best is not None else chain[0].config.params
+    differ = _differing(chain, exclude=(STEPS, TOPK, DRAFT))
+    if differ:
+        notes.append(f"The per-level best configs also differ in {', '.join(differ)}; a "
+                     f"runtime schedule changes only the steps, so the server keeps the "
+                     f"recommended config's other settings ({data.label(base)}).")
+    top = max(e.steps for e in chain)
+    top_cf = next(e.config for e in chain if e.steps == top)
+    mrr = top_cf.fact("max_running_requests")
+    notes.append(
+        f"Each level was measured on its own boot. One server running the schedule sizes its "
+        f"draft buffers for the largest steps ({top}), so its KV budget is that of steps={top}"
+        + (f" (max_running_requests {mrr:.0f} measured there)" if mrr else "")
+        + ": measure the schedule once before relying on the per-level figures.")
+
+    sglang = {str(e.c): {"candidate_steps": [e.steps]} for e in chain}
+    exp = data.experiment
+    sglang_cmd = vllm_cmd = None
+    first = next(e.steps for e in chain if e.steps > 0)
+    params = {**base, STEPS: first, TOPK: 1, DRAFT: first + 1,
+              "speculative_adaptive": True, "speculative_adaptive_config": SGLANG_SCHEDULE_FILE}
+    if exp is not None and exp.backend.kind in ("sglang", "sim"):
+        sglang_cmd, _ = launch_command(exp, params, "")
+
+    ranges = []
+    for i, e in enumerate(chain):
+        end = chain[i + 1].c - 1 if i + 1 < len(chain) else e.c
+        ranges.append([1 if i == 0 else e.c, end, e.steps])
+    vllm = _vllm_config(exp, {**base, STEPS: top})
+    vllm["num_speculative_tokens_per_batch_size"] = ranges
+    if exp is not None:
+        args = ["vllm", "serve", exp.backend.model_path,
+                "--tensor-parallel-size", str(exp.backend.tp_size),
+                "--speculative-config", json.dumps(vllm)]
+        if exp.backend.kind == "vllm" and base.get(MEM) is not None:
+            # For a vLLM experiment the searched fraction is vLLM's own flag.
+            args += ["--gpu-memory-utilization", fmt_value(float(base[MEM]))]
+        vllm_cmd = shlex.join(args)
+    return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes))
+
+
+def _vllm_config(exp: Experiment | None, params: dict[str, Any]) -> dict[str, Any]:
+    """The static part of vLLM's --speculative-config: the vLLM backend's own mapping (method
+    names such as NEXTN -> mtp, the draft model) where that backend is installed in this
+    tree, else the algorithm lower-cased."""
+    if exp is not None:
+        try:
+            from ..backends.vllm import speculative_config
+        except ImportError:   # the vLLM backend is optional: fall back to the plain mapping
+            speculative_config = None
+        if speculative_config is not None:
+            conf = speculative_config(exp.backend, params)
+            if conf is not None:
+                return dict(conf)
+    conf = {"method": ((exp.backend.speculative_algorithm if exp else None)
+                       or "eagle3").lower()}
+    if exp is not None and exp.backend.draft_model_path:
+        conf["model"] = exp.backend.draft_model_path
+    conf["num_speculative_tokens"] = int(params[STEPS])
+    return conf
+
+
+def _differing(entries: tuple[Entry, ...], exclude: tuple[str, ...]) -> list[str]:
+    spec = [e.config.params for e in entries if e.steps > 0]
+    keys = sorted({k for p in spec for k in p} - set(exclude))
+    return [SHORT.get(k, k) for k in keys if len({json.dumps(p.get(k)) for p in spec}) > 1]
+
+
+def schedule_json(content: dict[str, Any]) -> str:
+    """One top-level key a line: short enough to read, exact JSON to paste."""
+    items = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in content.items()]
+    return "{\n" + ",\n".join(items) + "\n}"
+
+
+def schedule_line(data: RunData, s: Schedule) -> str:
+    """'C=1 steps=5, C=16 steps=4, C=64 no speculation' (the chain schedule)."""
+    parts = []
+    for e in s.chain or s.entries:
+        what = "no speculation" if e.steps == 0 else describe(e.config.params,
+                                                              only=(STEPS,))
+        gain = f" ({pct_gain(e.gain)} vs static)" if e.gain and abs(e.gain - 1) > 1e-9 else ""
+        parts.append(f"C={e.c} {what}{gain}")
+    return ", ".join(parts)
+
+
+def pct_gain(ratio: float) -> str:
+    return f"{(ratio - 1) * 100:+.1f}%"
+
+
+def runner_up_line(data: RunData, r: Recommendation) -> str | None:
+    if r.runner_up is None or r.runner_delta is None:
+        return None
+    verdict = "within noise" if r.runner_within else "worse beyond noise"
+    return (f"runner-up {data.label(r.runner_up.params)}: score {pct(r.runner_delta)} vs the "
+            f"best, {verdict} ({band_pct(data.band)})")
+
+
+__all__ = [
+    "SGLANG_SCHEDULE_FILE",
+    "VLLM_SCHEDULE_FILE",
+    "Entry",
+    "LevelRow",
+    "Recommendation",
+    "Schedule",
+    "fmt_value",
+    "launch_command",
+    "recommend",
+    "runner_up_line",
+    "schedule",
+    "schedule_json",
+    "schedule_line",
+]

@@ -1,0 +1,383 @@
+"""Plateau verdicts in words, from the measured data.
+
+For each ordinal parameter (steps first) the curve is built from the best configuration at each
+value of that parameter (best robust score among usable trials), so that a curve "against
+steps" compares like with like when mem_fraction_static or topk also vary. On that curve, in log
+units (score, or log tok/s per concurrency level), with the noise band:
+
+- the *best* value and its *plateau*: the run of adjacent measured values whose figure is within
+  the band of the best;
+- *beyond* the plateau (the next larger value measured): worse by more than the band, so the
+  plateau (or the lone best) is a *peak*; nothing measured there, so it is an *edge*: not known
+  whether larger values climb;
+- an *escaped* plateau: a flat run (adjacent steps within the band) below the best, left behind
+  by a value better than the run by more than the band: "escaped at steps=10, by +N%";
+- *probes*: values further beyond (the plateau sampler's jumps are marked as such).
+
+Every step is also listed with its per-level differences, each marked "within noise" when it
+is inside that level's band, so a reader sees which differences are real.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..objective import pct
+from ..space import DRAFT, STEPS, TOPK
+from .data import SHORT, Config, RunData, band_pct, fmt_value
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of one curve: best, plateau around it, an escaped flat run below it."""
+
+    best: int
+    lo: int                          # plateau around the best: indices lo..hi
+    hi: int
+    escaped: tuple[int, int] | None  # a flat run i..j below lo that the best left behind
+
+    def above(self, n: int) -> int | None:
+        return self.hi + 1 if self.hi + 1 < n else None
+
+
+def shape(ys: Sequence[float], band: float) -> Shape:
+    """Best, plateau and escaped run of a curve `ys` (log units, ordered by the axis)."""
+    if not ys:
+        raise ValueError("shape needs at least one point, got none")
+    k = max(range(len(ys)), key=lambda i: (ys[i], -i))
+    lo = hi = k
+    while hi + 1 < len(ys) and ys[k] - ys[hi + 1] <= band:
+        hi += 1
+    while lo - 1 >= 0 and ys[k] - ys[lo - 1] <= band:
+        lo -= 1
+    escaped = None
+    # The nearest flat run below the plateau: adjacent steps within the band, all of it worse
+    # than the best by more than the band (else it would be part of the plateau).
+    j = lo - 1
+    while j >= 1:
+        if abs(ys[j] - ys[j - 1]) <= band:
+            i = j - 1
+            while i - 1 >= 0 and abs(ys[i] - ys[i - 1]) <= band \
+                    and max(ys[i - 1:j + 1]) - min(ys[i - 1:j + 1]) <= band:
+                i -= 1
+            if ys[k] - max(ys[i:j + 1]) > band:
+                escaped = (i, j)
+            break
+        j -= 1
+    return Shape(best=k, lo=lo, hi=hi, escaped=escaped)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step between adjacent measured values of an axis."""
+
+    a: Any
+    b: Any
+    score: float                         # log difference b - a
+    score_within: bool
+    levels: dict[int, tuple[float, bool]]  # level -> (log difference, within its band)
+    jump: bool                           # b was proposed by the plateau sampler as a jump
+
+
+@dataclass(frozen=True)
+class AxisVerdict:
+    """What the data says about one parameter."""
+
+    axis: str
+    scope: dict[str, Any]                # settings the curve holds fixed (topk for steps)
+    values: tuple[Any, ...]
+    configs: tuple[Config, ...]          # the best config at each value
+    kind: str                            # peak | plateau_peak | edge | plateau_edge | single
+    escaped: bool                        # a plateau below the best was escaped
+    best_value: Any
+    plateau: tuple[Any, Any]             # (lowest, highest) value of the best's plateau
+    beyond_value: Any | None             # first value measured above the plateau
+    beyond_delta: float | None           # its score minus the best's (log units)
+    escaped_from: tuple[Any, Any] | None
+    escape_delta: float | None           # best's score minus the escaped run's top (log)
+    probes: tuple[tuple[Any, float, bool], ...]   # (value, score delta vs best, was a jump)
+    infeasible: tuple[tuple[Any, str], ...]       # (value, reason) of refused configs
+    headline: str                        # the verdict in words, with every caveat
+    summary: str                         # the same, caveats named only (for the summary)
+    per_level: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+
+def _name(axis: str) -> str:
+    return SHORT.get(axis, axis)
+
+
+def _diff(a: Config, b: Config, c: int) -> float | None:
+    ta, tb = a.tok_s(c), b.tok_s(c)
+    if ta is None or tb is None or ta <= 0 or tb <= 0:
+        return None
+    return math.log(tb / ta)
+
+
+def level_diffs(a: Config, b: Config, data: RunData) -> str:
+    """'+1.8% at C=1, within noise (±2.5%); -29.9% at C=16' for b against a."""
+    parts = []
+    for c in data.levels:
+        d = _diff(a, b, c)
+        if d is None:
+            continue
+        band = data.level_bands.get(c, data.band)
+        within = f", within noise ({band_pct(band)})" if abs(d) <= band else ""
+        parts.append(f"{pct(d)} at C={c}{within}")
+    return "; ".join(parts)
+
+
+def score_diff(a: Config, b: Config, data: RunData) -> str:
+    d = b.robust.median - a.robust.median
+    within = f", within noise ({band_pct(data.band)})" if abs(d) <= data.band else ""
+    return f"score {pct(d)}{within}"
+
+
+def _matches(params: dict[str, Any], axis: str) -> bool:
+    """Whether a config belongs on this axis's curve: draft tokens are a free choice only for
+    trees (topk > 1); for chains they are steps + 1, i.e. the steps curve again."""
+    return axis != DRAFT or (params.get(TOPK) or 1) > 1
+
+
+def curve(data: RunData, axis: str, *, where: dict[str, Any] | None = None
+          ) -> list[tuple[Any, Config]]:
+    """(value, best config at that value) along `axis`, ascending; `where` filters configs
+    (e.g. one topk). data.configs is ranked best first, so the first seen at a value wins."""
+    best: dict[Any, Config] = {}
+    for cf in data.configs:
+        v = cf.param(axis)
+        if v is None or not _matches(cf.params, axis) \
+                or (where and any(cf.param(k) != w for k, w in where.items())):
+            continue
+        best.setdefault(v, cf)
+    return sorted(best.items(), key=lambda kv: kv[0])
+
+
+def _infeasible(data: RunData, axis: str, measured: Sequence[Any],
+                where: dict[str, Any] | None = None) -> list[tuple[Any, str, str]]:
+    """(value, reason, the refused settings) for each value of the axis that the server
+    refused and that has no usable measurement: the holes in the curve, and why."""
+    out: dict[Any, tuple[str, str]] = {}
+    for t in data.trials:
+        if t.status in ("infeasible", "pruned") and t.params.get(axis) is not None \
+                and t.params[axis] not in measured and _matches(t.params, axis) \
+                and all(t.params.get(k) == w for k, w in (where or {}).items()):
+            out.setdefault(t.params[axis], (t.reason or t.status, data.label(t.params)))
+    return sorted(((v, r, lab) for v, (r, lab) in out.items()), key=lambda x: x[0])
+
+
+def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
+    """The verdict on one axis, or None when no feasible configuration has it.
+
+    Steps are judged among configs with the recommended config's topk when topk varies: a
+    chain and a tree at neighbouring steps differ in more than steps."""
+    where: dict[str, Any] = {}
+    if axis == STEPS and TOPK in data.axes and data.best is not None:
+        where = {TOPK: data.best.param(TOPK)}
+    pts = curve(data, axis, where=where)
+    if not pts:
+        return None
+    values = tuple(v for v, _ in pts)
+    cfs = tuple(cf for _, cf in pts)
+    ys = [cf.robust.median for cf in cfs]
+    sh = shape(ys, data.band)
+    n = len(pts)
+    name = _name(axis)
+    infeasible = _infeasible(data, axis, values, where)
+
+    def at(i: int) -> str:
+        return f"{name}={fmt_value(values[i])}"
+
+    def tag(i: int, j: int) -> str:
+        """' (plateau jump)' when the plateau sampler proposed value j as a far probe."""
+        return " (plateau jump)" if cfs[j].jump else ""
+
+    k = sh.best
+    parts: list[str] = []
+    escaped_from = escape_delta = None
+    if sh.escaped is not None:
+        i, j = sh.escaped
+        escaped_from = (values[i], values[j])
+        escape_delta = ys[k] - ys[j]
+        parts.append(
+            f"the plateau at {name}={fmt_value(values[i])}..{fmt_value(values[j])} "
+            f"({fmt_value(values[j - 1])} -> {fmt_value(values[j])}: "
+            f"{score_diff(cfs[j - 1], cfs[j], data)}) was escaped at {at(k)}"
+            f"{' (plateau jump)' if cfs[k].jump else ''}: score {pct(escape_delta)} over "
+            f"{at(j)} ({level_diffs(cfs[j], cfs[k], data)})")
+    above = sh.above(n)
+    beyond_value = beyond_delta = None
+    if n == 1:
+        kind = "single"
+        parts.append(f"only {at(0)} was measured (feasible, not suspect): no curve to judge")
+    elif sh.lo == sh.hi:
+        if above is not None:
+            kind = "peak"
+            beyond_value, beyond_delta = values[above], ys[above] - ys[k]
+            parts.append(f"{name} {fmt_value(values[k])} -> {fmt_value(values[above])}"
+                         f"{tag(k, above)}: {level_diffs(cfs[k], cfs[above], data)}; "
+                         f"{score_diff(cfs[k], cfs[above], data)}: {at(k)} is the peak")
+        else:
+            kind = "edge"
+            lead = ""
+            # After an escape the step onto the best was just described.
+            if k > 0 and (sh.escaped is None or sh.escaped[1] != k - 1):
+                lead = (f"{name} {fmt_value(values[k - 1])} -> {fmt_value(values[k])}"
+                        f"{tag(k - 1, k)}: {level_diffs(cfs[k - 1], cfs[k], data)}; "
+                        f"{score_diff(cfs[k - 1], cfs[k], data)}; ")
+            parts.append(f"{lead}{at(k)} is the best and the largest value measured: not "
+                         f"known whether larger values climb")
+    else:
+        lo, hi = sh.lo, sh.hi
+        parts.append(f"{name} {fmt_value(values[hi - 1])} -> {fmt_value(values[hi])}"
+                     f"{tag(hi - 1, hi)}: {level_diffs(cfs[hi - 1], cfs[hi], data)}; "
+                     f"{score_diff(cfs[hi - 1], cfs[hi], data)}: a plateau at "
+                     f"{name}={fmt_value(values[lo])}..{fmt_value(values[hi])} "
+                     f"(best {at(k)})")
+        if above is not None:
+            kind = "plateau_peak"
+            beyond_value, beyond_delta = values[above], ys[above] - ys[k]
+            word = "probe at " if cfs[above].jump else ""
+            parts.append(f"{word}{at(above)}{tag(hi, above)}: "
+                         f"{level_diffs(cfs[k], cfs[above], data)}; "
+                         f"{score_diff(cfs[k], cfs[above], data)} vs {at(k)}: "
+                         f"the plateau is a peak")
+        else:
+            kind = "plateau_edge"
+            parts.append(f"nothing measured beyond {at(hi)}: not known whether the plateau "
+                         f"is a peak")
+    probes: list[tuple[Any, float, bool]] = []
+    if above is not None:
+        if beyond_value is not None:
+            probes.append((beyond_value, beyond_delta, cfs[above].jump))  # type: ignore[arg-type]
+        # Values further out: every sampler jump, and the farthest value measured.
+        far = [i for i in range(above + 1, n) if cfs[i].jump or i == n - 1]
+        for i in far:
+            probes.append((values[i], ys[i] - ys[k], cfs[i].jump))
+            word = "probe at " if cfs[i].jump else ""
+            parts.append(f"{word}{at(i)}{tag(k, i)}: "
+                         f"{level_diffs(cfs[k], cfs[i], data)}; "
+                         f"{score_diff(cfs[k], cfs[i], data)} vs {at(k)}")
+    top = values[-1]
+    refused = [x for x in infeasible
+               if isinstance(x[0], (int, float)) and isinstance(top, (int, float)) and x[0] > top]
+    if refused:
+        # A refusal is a fact about those settings (e.g. that mem fraction), not the value.
+        parts.append("refused by the server: " + ", ".join(
+            f"{name}={fmt_value(v)} ({_short(r.split(':')[0], 40)}, {lab})"
+            for v, r, lab in refused))
+    mixed = _mixed(data, axis, values, cfs)
+    short = "; ".join(parts)
+    if mixed:
+        parts.append(f"caution: the curve's configs also differ in {mixed}")
+        short += f"; caution: the curve's configs also differ in " \
+                 f"{', '.join(m.split(' (')[0] for m in mixed.split('; '))}"
+    if where:
+        scope = "among " + " ".join(f"{_name(k)}={fmt_value(w)}" for k, w in where.items()) \
+            + " configs: "
+        parts[0] = scope + parts[0]
+        short = scope + short
+    headline = "; ".join(parts)
+
+    steps = tuple(_step(data, values, cfs, i, i + 1) for i in range(n - 1))
+    return AxisVerdict(
+        axis=axis, scope=where, values=values, configs=cfs, kind=kind,
+        escaped=sh.escaped is not None,
+        best_value=values[k], plateau=(values[sh.lo], values[sh.hi]),
+        beyond_value=beyond_value, beyond_delta=beyond_delta, escaped_from=escaped_from,
+        escape_delta=escape_delta, probes=tuple(probes),
+        infeasible=tuple((v, r) for v, r, _ in infeasible),
+        headline=headline, summary=short,
+        per_level=tuple(_per_level(data, axis, values, cfs, [x[0] for x in refused])),
+        steps=steps)
+
+
+def _mixed(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Config]) -> str:
+    """'mem (0.92 at steps=3, 0.88 at steps=4..5)' when the best config at each value differs
+    in another varying setting: part of a difference along the curve may come from it."""
+    out = []
+    name = _name(axis)
+    for other in data.axes:
+        if other == axis or (other == DRAFT and axis != DRAFT):
+            continue
+        seq = [cf.param(other) for cf in cfs]
+        if len({fmt_value(v) for v in seq}) <= 1:
+            continue
+        runs: list[tuple[Any, Any, Any]] = []      # (setting, first value, last value)
+        for v, x in zip(values, seq):
+            if runs and fmt_value(runs[-1][0]) == fmt_value(x):
+                runs[-1] = (runs[-1][0], runs[-1][1], v)
+            else:
+                runs.append((x, v, v))
+        where = ", ".join(
+            f"{fmt_value(x)} at {name}={fmt_value(a)}"
+            + (f"..{fmt_value(b)}" if b != a else "") for x, a, b in runs)
+        out.append(f"{_name(other)} ({where})")
+    return "; ".join(out)
+
+
+def _step(data: RunData, values: Sequence[Any], cfs: Sequence[Config], i: int, j: int) -> Step:
+    d = cfs[j].robust.median - cfs[i].robust.median
+    levels = {}
+    for c in data.levels:
+        x = _diff(cfs[i], cfs[j], c)
+        if x is not None:
+            levels[c] = (x, abs(x) <= data.level_bands.get(c, data.band))
+    return Step(a=values[i], b=values[j], score=d, score_within=abs(d) <= data.band,
+                levels=levels, jump=cfs[j].jump)
+
+
+def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Config],
+               refused: Sequence[Any] = ()) -> list[str]:
+    """One sentence per concurrency level: where that level's curve peaks or plateaus."""
+    name = _name(axis)
+    out = []
+    for c in data.levels:
+        idx = [i for i, cf in enumerate(cfs) if (cf.tok_s(c) or 0) > 0]
+        if len(idx) < 2:
+            continue
+        vs = [values[i] for i in idx]
+        ys = [math.log(cfs[i].tok_s(c)) for i in idx]  # type: ignore[arg-type]
+        band = data.level_bands.get(c, data.band)
+        sh = shape(ys, band)
+        k = sh.best
+        best_txt = f"{name}={fmt_value(vs[k])} ({cfs[idx[k]].tok_s(c):.0f} tok/s)"
+        if sh.lo == sh.hi:
+            s = f"C={c}: best at {best_txt}"
+        else:
+            s = (f"C={c}: plateau at {name}={fmt_value(vs[sh.lo])}..{fmt_value(vs[sh.hi])} "
+                 f"(within {band_pct(band)}), best at {best_txt}")
+        if sh.escaped is not None:
+            i, j = sh.escaped
+            s += (f"; the plateau at {name}={fmt_value(vs[i])}..{fmt_value(vs[j])} was "
+                  f"escaped by {pct(ys[k] - ys[j])}")
+        above = sh.above(len(ys))
+        if above is not None:
+            s += (f"; {name}={fmt_value(vs[above])}: {pct(ys[above] - ys[k])}: "
+                  f"{'the plateau is' if sh.lo != sh.hi else 'it is'} a peak")
+            if len(ys) - 1 > above:
+                s += f"; {name}={fmt_value(vs[-1])}: {pct(ys[-1] - ys[k])}"
+        else:
+            s += "; nothing larger measured"
+            if refused:
+                s += f" ({name}={', '.join(fmt_value(v) for v in refused)} refused)"
+        out.append(s)
+    return out
+
+
+def _short(reason: str, limit: int = 90) -> str:
+    reason = " ".join(reason.split())
+    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
+
+
+def verdicts(data: RunData) -> list[AxisVerdict]:
+    """A verdict for each ordinal parameter that varies, steps first."""
+    out = []
+    for axis in data.axes:
+        v = axis_verdict(data, axis)
+        if v is not None:
+            out.append(v)
+    return out

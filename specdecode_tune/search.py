@@ -1,0 +1,681 @@
+"""`python -m specdecode_tune.search`: find the best speculative-decoding settings.
+
+With no arguments it runs `experiments/sim-default.toml` on the embedded simulator: a local Ray
+cluster with logical GPUs, trials on GPU pairs, Optuna (plateau escape over TPE) proposing
+points, the no-speculation baseline first, re-measurement of the best points, live progress,
+and at the end the best config against the baseline with the plateau verdicts.
+
+Layout of a run dir (`<storage>/<name>`): Tune's experiment state and searcher (Optuna study
+and sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `tables/`
+(Arrow/Parquet: requests, levels, trials), `logs/` (a server log per trial) and `pids/` (the
+servers' process groups, so that a resumed run ends orphans of a killed one).
+
+Running the same command again resumes an interrupted search; `--fresh` moves the old run dir
+aside and starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import results
+from .backends import get_backend
+from .config import Experiment, load_experiment
+from .errors import ConfigError
+from .objective import Robust, pareto_values, pct, scalar_score
+from .records import LevelSummary, ServerFacts, TrialResult
+from .searcher import JUMP_KEY, REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
+from .server import reap_orphans
+from .space import BASELINE, DefineByRun
+from .trial import TrialContext, run_trial
+
+DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
+# Where the default experiment lives when the command runs outside the project's root.
+_PROJECT_EXPERIMENT = Path(__file__).resolve().parent.parent / DEFAULT_EXPERIMENT
+BASELINE_ID = "baseline"
+INFEASIBLE_SCORE = -5.0      # told to Optuna with a violated constraint: never the best
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-flight: everything that can be checked before anything is started or written
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    exp: Experiment
+    run_dir: str            # where tables and Tune's state go (a path or a pyarrow.fs URI)
+    local_dir: Path         # this node's logs and pidfiles
+    storage: str
+    name: str
+    is_uri: bool
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _writable_target(path: Path) -> Path | None:
+    """The nearest existing ancestor of `path`, if we may create `path` under it."""
+    p = path.absolute()
+    while not p.exists():
+        if p.parent == p:
+            return None
+        p = p.parent
+    return p if p.is_dir() and os.access(p, os.W_OK | os.X_OK) else None
+
+
+def _check_address(address: str) -> None:
+    if address in ("auto", "local"):
+        return
+    if address.startswith("ray://"):
+        host_port = address[len("ray://"):]
+    else:
+        host_port = address
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r}: expected HOST:PORT of a Ray head "
+                          f"(e.g. 127.0.0.1:6379), 'auto', or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host, int(port)), timeout=3):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--address {address!r}: no Ray head answers there "
+                          f"({e.strerror or e})") from None
+
+
+def _check_backend(exp: Experiment) -> None:
+    backend = get_backend(exp.backend.kind)
+    program = backend.program(exp.backend)
+    if os.sep in program or program.startswith("."):
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise ConfigError(f"backend.binary = {program!r}: no executable file there")
+    elif shutil.which(program) is None:
+        raise ConfigError(f"backend program {program!r} is not on PATH: install it or set "
+                          f"backend.binary to its path")
+
+
+def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
+    storage = args.storage or os.environ.get("SPECDECODE_STORAGE") or "runs"
+    name = args.name or exp.name
+    if any(c in name for c in "/\\\0") or name.startswith("."):
+        raise ConfigError(f"--name {name!r}: must be a plain name without slashes")
+    is_uri = _is_uri(storage)
+    if is_uri:
+        try:
+            import pyarrow.fs as pafs
+            pafs.FileSystem.from_uri(storage)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types here
+            raise ConfigError(f"--storage {storage!r}: not a storage URI pyarrow.fs "
+                              f"understands ({str(e).splitlines()[0]})") from None
+        run_dir = storage.rstrip("/") + "/" + name
+        local_dir = Path(tempfile.gettempdir()) / "specdecode_tune" / name
+    else:
+        target = Path(storage) / name
+        if _writable_target(target) is None:
+            raise ConfigError(f"--storage {storage!r}: not writable (the run dir "
+                              f"{target} cannot be created there)")
+        run_dir = str(target.absolute())
+        local_dir = target.absolute()
+    _check_backend(exp)
+    if args.address:
+        _check_address(args.address)
+    return RunPlan(exp=exp, run_dir=run_dir, local_dir=local_dir, storage=storage, name=name,
+                   is_uri=is_uri)
+
+
+# ---------------------------------------------------------------------------------------------
+# Samplers
+
+
+def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
+    import optuna
+
+    # Constraint-aware: a config the server refused counts as infeasible, not as a bad score.
+    tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(6, exp.search.max_trials))
+    if name == "tpe":
+        return tpe
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(
+            4, min(20, exp.search.max_trials // 2)))
+    if name == "plateau":
+        from .samplers.plateau import PlateauEscapeSampler
+        return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
+    raise ConfigError(f"--sampler {name!r}: must be one of plateau, tpe, nsga2, random")
+
+
+class _DefineByRunWithJump(DefineByRun):
+    """Adds the plateau sampler's reason to the trial's config, for the tables and progress."""
+
+    def __call__(self, trial: Any) -> dict[str, Any] | None:
+        constants = super().__call__(trial) or {}
+        reason = trial.user_attrs.get("jump_reason")
+        if reason:
+            constants[JUMP_KEY] = reason
+        return constants or None
+
+
+# ---------------------------------------------------------------------------------------------
+# The Tune trainable: one trial on its GPUs
+
+
+def _levels_to_json(levels: Sequence[LevelSummary]) -> str:
+    return json.dumps([results.level_to_dict(s) for s in levels])
+
+
+def _levels_from_json(text: str) -> list[LevelSummary]:
+    return [results.level_from_dict(d) for d in json.loads(text)]
+
+
+def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSummary]
+             ) -> tuple[bool, Any]:
+    """(feasible, score or list of values) of a finished trial."""
+    if result.status != "ok":
+        return False, None
+    if exp.objective.kind == "pareto":
+        values = pareto_values(result.levels, exp.objective.metrics)
+        return values is not None, values
+    score = scalar_score(result.levels, baseline, exp.level_weights())
+    return score is not None, score
+
+
+def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSummary],
+              run_dir: str, local_dir: str) -> None:
+    from ray import tune
+    from ray.util.metrics import Gauge
+
+    ctx = tune.get_context()
+    trial_id = ctx.get_trial_id()
+    repeat = int(config.get(REPEAT_KEY, 0))
+    sampled = {k: v for k, v in config.items() if not k.startswith("_")}
+    done: list[LevelSummary] = []
+    facts: list[ServerFacts] = []
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            done = _levels_from_json((Path(d) / "levels.json").read_text())
+            if (Path(d) / "facts.json").exists():
+                facts.append(results.facts_from_dict(
+                    json.loads((Path(d) / "facts.json").read_text())))
+    tok_s = Gauge("specdecode_output_tok_s", "output tokens/s of a trial at a level",
+                  tag_keys=("trial_id", "level"))
+    accept = Gauge("specdecode_accept_length", "acceptance length of a trial at a level",
+                   tag_keys=("trial_id", "level"))
+    finished = list(done)
+
+    def on_level(summary: LevelSummary, _records: Any) -> None:
+        finished.append(summary)
+        tags = {"trial_id": trial_id, "level": str(summary.concurrency)}
+        tok_s.set(summary.output_tok_s, tags=tags)
+        if summary.accept_length is not None:
+            accept.set(summary.accept_length, tags=tags)
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "levels.json").write_text(_levels_to_json(finished))
+            if facts:
+                (Path(d) / "facts.json").write_text(json.dumps(results.facts_to_dict(facts[-1])))
+            tune.report({"level": summary.concurrency, "level_tok_s": summary.output_tok_s,
+                         "level_accept": summary.accept_length,
+                         "level_errors": summary.errors, "levels_done": len(finished)},
+                        checkpoint=tune.Checkpoint.from_directory(d))
+
+    trial_ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs",
+                             trial_id=trial_id, repeat=repeat)
+
+    def scorer(result: TrialResult) -> dict[str, Any]:
+        feasible, value = score_of(exp, result, baseline)
+        return {"score": value if isinstance(value, float) else None}
+
+    result = run_trial(exp, sampled, trial_ctx, done_levels=done,
+                       done_facts=facts[-1] if facts else None, on_facts=facts.append,
+                       on_level=on_level,
+                       extra={"jump_reason": config.get(JUMP_KEY), "sampler": exp.search.sampler},
+                       scorer=scorer)
+    feasible, value = score_of(exp, result, baseline)
+    final: dict[str, Any] = {"feasible": feasible, "status": result.status,
+                             "reason": result.reason, "levels_done": len(result.levels),
+                             "repeat": repeat}
+    if exp.objective.kind == "pareto":
+        # An infeasible point gets the worst value of each metric, and a violated constraint.
+        from .objective import metric_modes
+        for i, (m, mode) in enumerate(zip(exp.objective.metrics,
+                                          metric_modes(exp.objective.metrics))):
+            final[m] = value[i] if feasible else (0.0 if mode == "max" else 1e9)
+    else:
+        final["score"] = value if feasible else INFEASIBLE_SCORE
+    tune.report(final)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress: one line per finished level and per finished trial, with the incumbent
+
+
+class Progress:
+    """A Tune callback printing live progress to stdout."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from ray.tune import Callback
+
+        class _Progress(Callback):
+            def __init__(self, exp: Experiment, total: int) -> None:
+                self.exp = exp
+                self.total = total
+                self.done = 0
+                self.best: tuple[float, str] | None = None
+                self.t0 = time.monotonic()
+
+            def _label(self, trial: Any) -> str:
+                return describe(trial.config)
+
+            def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any
+                               ) -> None:
+                jump = trial.config.get(JUMP_KEY)
+                rep = trial.config.get(REPEAT_KEY, 0)
+                extra = f"  [re-measure #{rep + 1}]" if rep else ""
+                extra += f"  [plateau jump: {jump}]" if jump else ""
+                _say(f"  start  {trial.trial_id}  {self._label(trial)}{extra}")
+
+            def on_trial_result(self, iteration: int, trials: list, trial: Any,
+                                result: dict, **info: Any) -> None:
+                if "level" in result and "feasible" not in result:
+                    acc = result.get("level_accept")
+                    acc_s = f", accept {acc:.2f}" if acc is not None else ""
+                    err = result.get("level_errors") or 0
+                    err_s = f", {err} errors" if err else ""
+                    _say(f"  level  {trial.trial_id}  C={result['level']:<3d} "
+                         f"{result['level_tok_s']:8.1f} tok/s{acc_s}{err_s}")
+
+            def on_trial_complete(self, iteration: int, trials: list, trial: Any,
+                                  **info: Any) -> None:
+                self.done += 1
+                r = trial.last_result or {}
+                label = self._label(trial)
+                if r.get("feasible") and "score" in r:
+                    score = float(r["score"])
+                    if self.best is None or score > self.best[0]:
+                        self.best = (score, label)
+                    what = f"score {score:+.3f} ({pct(score)} vs baseline)"
+                elif r.get("feasible"):
+                    what = "done"
+                else:
+                    what = f"{r.get('status', 'failed')}: {r.get('reason', '')}"[:160]
+                inc = (f" | best {pct(self.best[0])}: {self.best[1]}" if self.best else "")
+                _say(f"trial {self.done:>3}  {trial.trial_id}  {label}  -> {what}{inc}  "
+                     f"[{time.monotonic() - self.t0:.0f}s]")
+
+            def on_trial_error(self, iteration: int, trials: list, trial: Any,
+                               **info: Any) -> None:
+                _say(f"trial {trial.trial_id} raised an error (see its log in Tune's dir)")
+
+        return _Progress(*args, **kwargs)
+
+
+_SHORT = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
+          "speculative_num_draft_tokens": "draft", "mem_fraction_static": "mem"}
+
+
+def describe(params: dict[str, Any], fixed: dict[str, Any] | None = None) -> str:
+    """Short form of a point: the speculative triple first, then the rest; settings equal to
+    the experiment's fixed flags are left out."""
+    order = {k: i for i, k in enumerate(_SHORT)}
+    parts = []
+    for k in sorted(params, key=lambda k: (order.get(k, len(order)), k)):
+        v = params[k]
+        if k.startswith("_") or (fixed and k in fixed and fixed[k] == v):
+            continue
+        if k == "speculative_num_steps" and v == 0:
+            return "no speculation (baseline)"
+        v = f"{v:.3g}" if isinstance(v, float) else v
+        parts.append(f"{_SHORT.get(k, k)}={v}")
+    return " ".join(parts) or "baseline"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+
+
+def start_ray(plan: RunPlan, address: str | None) -> Any:
+    import ray
+
+    kwargs: dict[str, Any] = dict(logging_level=logging.WARNING, log_to_driver=False,
+                                  configure_logging=True)
+    if address:
+        return ray.init(address=address, **kwargs)
+    cluster = plan.exp.cluster
+    return ray.init(address="local", num_gpus=cluster.num_gpus, num_cpus=cluster.num_cpus,
+                    include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+
+
+def check_gpus(plan: RunPlan) -> None:
+    import ray
+
+    need = plan.exp.search.gpus_per_trial
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if need > have:
+        raise ConfigError(f"search.gpus_per_trial = {need}: the Ray cluster has {have} GPU(s); "
+                          f"declare logical GPUs with [cluster] num_gpus for the simulator, or "
+                          f"join a cluster with GPUs (--address)")
+
+
+def dashboard_lines(ctx: Any) -> list[str]:
+    url = getattr(ctx, "dashboard_url", None)
+    if not url:
+        return ["dashboard: not started (install ray[default] for it)"]
+    url = url if url.startswith("http") else f"http://{url}"
+    token = Path.home() / ".ray" / "auth_token"
+    how = (f"authenticate with the token in {token}" if token.exists()
+           else "token authentication as configured for this cluster")
+    return [f"dashboard: {url}  ({how}; trials run as ImplicitFunc actors, live metrics "
+            f"ray_specdecode_output_tok_s / ray_specdecode_accept_length by trial_id)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Baseline
+
+
+def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:
+    ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs", trial_id=BASELINE_ID)
+    return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline"},
+                     scorer=lambda r: {"score": 0.0 if r.status == "ok" else None})
+
+
+def existing_baseline(run_dir: str) -> list[LevelSummary] | None:
+    tables = results.read_tables(run_dir)
+    rows = [r for r in tables.trials.to_pylist()
+            if r["trial_id"] == BASELINE_ID and r["status"] == "ok"]
+    if not rows:
+        return None
+    mine = [s for tid, s in results.level_summaries(tables.levels) if tid == BASELINE_ID]
+    return mine or None
+
+
+def run_baseline(plan: RunPlan) -> list[LevelSummary]:
+    import ray
+
+    found = existing_baseline(plan.run_dir)
+    if found is not None:
+        _say(f"baseline: reusing the measured no-speculation baseline ({len(found)} levels)")
+        return found
+    _say("baseline: measuring the server without speculation first")
+    s = plan.exp.search
+    task = ray.remote(_baseline_task).options(num_gpus=s.gpus_per_trial,
+                                               num_cpus=s.cpus_per_trial, max_retries=0)
+    result: TrialResult = ray.get(task.remote(plan.exp, plan.run_dir, str(plan.local_dir)))
+    if result.status != "ok":
+        raise RuntimeError(f"the no-speculation baseline did not run ({result.status}: "
+                           f"{result.reason}); fix the server settings first")
+    for lv in result.levels:
+        _say(f"  baseline C={lv.concurrency:<3d} {lv.output_tok_s:8.1f} tok/s")
+    return list(result.levels)
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+
+
+def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, seed: int,
+                max_trials: int, resume: bool) -> Any:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    from ray import tune
+
+    exp = plan.exp
+    s = exp.search
+    # Per-level progress reports carry no score (the score needs every level); Tune would
+    # otherwise reject them.
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+    # Our own progress lines replace Tune's tables; Optuna's per-trial INFO lines too.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fn = tune.with_resources(
+        tune.with_parameters(trainable, exp=exp, baseline=baseline, run_dir=plan.run_dir,
+                             local_dir=str(plan.local_dir)),
+        {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial})
+    storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
+    exp_path = f"{storage_path.rstrip('/')}/{plan.name}"
+    if resume:
+        return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
+                                  resume_errored=False, restart_errored=False)
+    plan.local_dir.mkdir(parents=True, exist_ok=True)
+    journal = JournalStorage(JournalFileBackend(str(plan.local_dir / "optuna.journal")))
+    pareto = exp.objective.kind == "pareto"
+    metric: Any = list(exp.objective.metrics) if pareto else "score"
+    mode: Any = _pareto_modes(exp) if pareto else "max"
+    enqueue = [dict(p) for p in s.enqueue]
+    optuna_search = SpecOptunaSearch(
+        space=_DefineByRunWithJump(exp.space, exp.backend.flags), metric=metric, mode=mode,
+        sampler=make_sampler(sampler_name, exp, seed), storage=journal,
+        study_name=plan.name, points_to_evaluate=enqueue or None, seed=seed)
+    if pareto:
+        search_alg: Any = optuna_search
+        num_samples = max_trials
+    else:
+        search_alg = RepeatingSearcher(optuna_search, max_trials=max_trials,
+                                       repeats=s.repeats, remeasure_top=s.remeasure_top,
+                                       default_band=s.noise_band,
+                                       infeasible_score=INFEASIBLE_SCORE)
+        num_samples = -1
+    total = max_trials
+    return tune.Tuner(
+        fn,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples,
+                                    max_concurrent_trials=s.max_concurrent, reuse_actors=False),
+        run_config=tune.RunConfig(
+            name=plan.name, storage_path=storage_path, verbose=0,
+            callbacks=[Progress(exp, total)],
+            failure_config=tune.FailureConfig(max_failures=0),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+    )
+
+
+def _pareto_modes(exp: Experiment) -> list[str]:
+    from .objective import metric_modes
+    return metric_modes(exp.objective.metrics)
+
+
+def keep_experiment(plan: RunPlan) -> None:
+    """A copy of the experiment file in the run dir: the report and a later resume read the
+    settings the run was started with, even if the original file changes."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(plan.run_dir) if plan.is_uri else \
+        (pafs.LocalFileSystem(), plan.run_dir)
+    target = f"{root}/experiment.toml"
+    if fs.get_file_info(target).type != pafs.FileType.NotFound:
+        return
+    fs.create_dir(root, recursive=True)
+    data = Path(plan.exp.source).read_bytes()
+    tmp = f"{root}/.experiment.toml.tmp"
+    with fs.open_output_stream(tmp) as out:
+        out.write(data)
+    fs.move(tmp, target)
+
+
+def _move_aside(plan: RunPlan) -> str | None:
+    if plan.is_uri:
+        raise ConfigError(f"--fresh with a URI storage: give the new run another --name "
+                          f"(the run {plan.run_dir} is kept)")
+    old = Path(plan.run_dir)
+    if not old.exists():
+        return None
+    aside = old.with_name(f"{old.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    old.rename(aside)
+    return str(aside)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary of a finished search
+
+
+def summarize(plan: RunPlan, baseline: list[LevelSummary]) -> list[str]:
+    tables = results.read_tables(plan.run_dir)
+    trials = [r for r in tables.trials.to_pylist() if r["trial_id"] != BASELINE_ID]
+    by_key: dict[str, list[dict]] = {}
+    for r in trials:
+        by_key.setdefault(r["config_key"], []).append(r)
+    lines = [f"trials: {len(trials)} measured ({sum(1 for r in trials if r['status'] == 'ok')} "
+             f"ok, {sum(1 for r in trials if r['status'] == 'infeasible')} infeasible, "
+             f"{sum(1 for r in trials if r['status'] in ('failed', 'pruned'))} failed/pruned), "
+             f"{len(by_key)} distinct configs"]
+    ranked = []
+    for key, rows in by_key.items():
+        scores = [r["score"] for r in rows if r["status"] == "ok" and r["score"] is not None
+                  and not r["suspect"]]
+        if scores:
+            ranked.append((Robust.of(scores), key, rows))
+    if not ranked:
+        return lines + ["no feasible configuration was measured"]
+    ranked.sort(key=lambda x: x[0].score, reverse=True)
+    best, key, rows = ranked[0]
+    params = json.loads(rows[0]["params_json"])
+    levels = [s for tid, s in results.level_summaries(tables.levels)
+              if tid in {r["trial_id"] for r in rows}]
+    base = {s.concurrency: s for s in baseline if s.mode == "closed"}
+    lines.append(f"best config, per level (median of {best.n} measurement(s)) against the "
+                 f"no-speculation baseline:")
+    per: dict[int, list[float]] = {}
+    for s in levels:
+        if s.mode == "closed":
+            per.setdefault(s.concurrency, []).append(s.output_tok_s)
+    for c in sorted(per):
+        mine = sorted(per[c])[len(per[c]) // 2]
+        b = base.get(c)
+        rel = f"{mine / b.output_tok_s:5.2f}x" if b and b.output_tok_s > 0 else "   - "
+        btxt = f"{b.output_tok_s:8.1f}" if b else "       -"
+        lines.append(f"  C={c:<3d} {mine:8.1f} tok/s  baseline {btxt}  {rel}")
+    backend = get_backend(plan.exp.backend.kind)
+    lines.append(f"launch: {backend.launch_command(plan.exp.backend, params)}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m specdecode_tune.search",
+        description="Search speculative-decoding settings with Ray Tune + Optuna.")
+    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                    help="experiment TOML (default: %(default)s, the simulator)")
+    ap.add_argument("--max-trials", type=int, default=None,
+                    help="points Optuna explores (re-measurements come on top)")
+    ap.add_argument("--address", default=None,
+                    help="join this Ray cluster (HOST:PORT, 'auto'); default: a local one")
+    ap.add_argument("--storage", default=None,
+                    help="where run dirs live: a path or a pyarrow.fs URI (default: runs)")
+    ap.add_argument("--name", default=None, help="run name (default: the experiment's)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="resume the run (the default when it exists)")
+    g.add_argument("--fresh", action="store_true",
+                   help="move an existing run dir aside and start over")
+    ap.add_argument("--sampler", default=None,
+                    help="plateau | tpe | nsga2 | random (default: the experiment's)")
+    ap.add_argument("--seed", type=int, default=None, help="sampler seed")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        path = args.experiment
+        if path == DEFAULT_EXPERIMENT and not Path(path).exists() and \
+                _PROJECT_EXPERIMENT.exists():
+            path = str(_PROJECT_EXPERIMENT)
+        exp = load_experiment(path)
+        if args.max_trials is not None and args.max_trials < 1:
+            raise ConfigError(f"--max-trials {args.max_trials}: must be >= 1")
+        if args.sampler is not None and args.sampler not in ("plateau", "tpe", "nsga2",
+                                                             "random"):
+            raise ConfigError(f"--sampler {args.sampler!r}: must be one of plateau, tpe, "
+                              f"nsga2, random")
+        plan = plan_run(exp, args)
+        from ray import tune
+        exists = tune.Tuner.can_restore(f"{plan.run_dir}") if not args.fresh else False
+        if args.resume and not exists:
+            raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sampler = args.sampler or exp.search.sampler
+    seed = exp.search.seed if args.seed is None else args.seed
+    max_trials = args.max_trials or exp.search.max_trials
+    if args.fresh:
+        aside = _move_aside(plan)
+        if aside:
+            _say(f"fresh start: the previous run was moved to {aside}")
+    _say(f"experiment: {exp.name} ({exp.source}) on backend {exp.backend.kind}"
+         + (" (the embedded simulator, not a real server)" if exp.backend.kind == "sim" else ""))
+    _say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; sampler {sampler}, "
+         f"{max_trials} trials, {exp.search.max_concurrent} at a time, "
+         f"{exp.search.gpus_per_trial} GPU(s) each)")
+    keep_experiment(plan)
+    if not plan.is_uri:
+        ended = reap_orphans(plan.local_dir / "logs" / "pids")
+        if ended:
+            _say(f"ended {len(ended)} server(s) left running by the interrupted run: {ended}")
+    try:
+        ctx = start_ray(plan, args.address)
+    except Exception as e:  # noqa: BLE001 - ray raises many types for a bad address
+        print(f"error: could not start or join Ray: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            check_gpus(plan)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for line in dashboard_lines(ctx):
+            _say(line)
+        baseline = run_baseline(plan) if exp.search.baseline else []
+        tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=exists)
+        tuner.fit()
+        _say("")
+        _say(f"search finished in {time.monotonic() - t0:.0f}s")
+        for line in summarize(plan, baseline):
+            _say(line)
+        _report(plan)
+        _say(f"tables: {plan.run_dir}/tables (Parquet: requests, levels, trials); "
+             f"Optuna study: {plan.local_dir / 'optuna.journal'}")
+    finally:
+        import ray
+        ray.shutdown()
+    return 0
+
+
+def _report(plan: RunPlan) -> None:
+    from .report import RunDirError, write_report
+
+    try:
+        out = write_report(plan.run_dir)
+    except RunDirError as e:
+        # The tables are written; a report that cannot be made must not hide them.
+        _say(f"report: not written ({e})")
+        return
+    for line in out.summary_lines:
+        _say(line)
+    _say(f"report: {out.path} (and report.html beside it)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The search with a real local Ray (logical GPUs) on the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune import results
+from tests.conftest import DATA, REPO, pid_alive
+
+pytestmark = pytest.mark.slow
+
+
+def small_experiment(tmp_path: Path, extra_search: str = "") -> Path:
+    text = (DATA / "sim-small.toml").read_text()
+    text = text.replace("[search]\n", "[search]\n" + extra_search, 1)
+    path = tmp_path / "sim-small.toml"
+    path.write_text(text)
+    return path
+
+
+def search_cmd(exp: Path, storage: Path, *more: str) -> list[str]:
+    return [sys.executable, "-m", "specdecode_tune.search", "--experiment", str(exp),
+            "--storage", str(storage), *more]
+
+
+def process_table() -> dict[int, str]:
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                pass
+    return out
+
+
+def tagged(tag: str) -> dict[int, str]:
+    """Processes whose environment carries this test's tag (Ray's processes and the servers
+    all inherit the driver's environment)."""
+    found = {}
+    needle = f"SPECDECODE_TEST_TAG={tag}".encode()
+    for pid, cmd in process_table().items():
+        try:
+            if needle in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
+                found[pid] = cmd
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture
+def test_env():
+    """An environment for the search processes that tags them; afterwards every tagged
+    process is ended by PID, and a simulator server that outlived the search fails the test."""
+    tag = uuid.uuid4().hex
+    yield {**os.environ, "SPECDECODE_TEST_TAG": tag}
+    time.sleep(1.0)
+    leftovers = tagged(tag)
+    sims = [pid for pid, cmd in leftovers.items() if "specdecode_tune.sim" in cmd]
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not sims, f"simulator servers left running: {sims}"
+
+
+def trials_rows(run_dir: Path) -> list[dict]:
+    return results.read_tables(str(run_dir)).trials.to_pylist()
+
+
+def test_search_pins_disjoint_pairs_and_survives_an_infeasible_config(
+        tmp_path: Path, test_env: dict) -> None:
+    exp = small_experiment(tmp_path, "enqueue = [{ speculative_num_steps = 8 }]\n")
+    out = subprocess.run(search_cmd(exp, tmp_path / "runs", "--max-trials", "4"), cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=test_env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Best config:" in out.stdout and "dashboard: http://127.0.0.1:" in out.stdout
+    rows = trials_rows(tmp_path / "runs" / "sim-small")
+    explored = [r for r in rows if r["trial_id"] != "baseline" and r["repeat"] == 0]
+    assert len(explored) == 4
+    steps8 = [r for r in rows if json.loads(r["params_json"])["speculative_num_steps"] == 8]
+    assert steps8 and steps8[0]["status"] == "infeasible"
+    assert "Not enough memory" in steps8[0]["reason"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) >= 3
+    # Each trial's server saw exactly its pair; trials that overlapped in time never shared a GPU.
+    for r in ok:
+        assert len(r["gpu_ids"]) == 2, r
+    overlaps = 0
+    for i, a in enumerate(ok):
+        for b in ok[i + 1:]:
+            if a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]:
+                overlaps += 1
+                assert not set(a["gpu_ids"]) & set(b["gpu_ids"]), (a, b)
+    assert overlaps >= 1, "no two trials ran at the same time"
+    levels = results.read_tables(str(tmp_path / "runs" / "sim-small")).levels
+    assert levels.num_rows == 2 * len(ok)
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
+    exp = small_experiment(tmp_path)
+    storage = tmp_path / "runs"
+    run_dir = storage / "sim-small"
+    cmd = search_cmd(exp, storage, "--max-trials", "5")
+    log = open(tmp_path / "first.log", "w")
+    driver = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    try:
+        wait_for(lambda: sum(r["trial_id"] != "baseline" for r in trials_rows(run_dir)) >= 2
+                 if (run_dir / "tables" / "trials").exists() else False, 300,
+                 "two finished trials")
+        time.sleep(2.0)                     # kill while the next trials are mid-level
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        log.close()
+    before = trials_rows(run_dir)
+    # The servers of the killed run follow their trials: none survives for long.
+    pidfiles = list((run_dir / "logs" / "pids").glob("*.json"))
+    pids = [json.loads(p.read_text())["pid"] for p in pidfiles]
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "servers of the killed run")
+
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env=test_env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "resuming" in out.stdout
+    rows = trials_rows(run_dir)
+    ids = [r["trial_id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a trial row was written twice"
+    explored = [r for r in rows if r["trial_id"] != "baseline" and r["repeat"] == 0]
+    assert len(explored) == 5, [r["trial_id"] for r in explored]
+    assert {r["trial_id"] for r in before} <= set(ids)       # nothing lost
+    tables = results.read_tables(str(run_dir))
+    lv = [(r["trial_id"], r["concurrency"]) for r in tables.levels.to_pylist()]
+    assert len(lv) == len(set(lv)), "a level row was written twice"
+    for r in rows:
+        if r["status"] == "ok":
+            assert sum(1 for t, _ in lv if t == r["trial_id"]) == 2
+    req = [(r["trial_id"], r["level"], r["index"]) for r in tables.requests.to_pylist()]
+    assert len(req) == len(set(req)), "a request row was written twice"
+
+
+def test_dashboard_lists_the_trials_while_they_run(tmp_path: Path,
+                                                   test_env: dict) -> None:
+    exp = small_experiment(tmp_path)
+    log_path = tmp_path / "out.log"
+    with open(log_path, "w") as log:
+        driver = subprocess.Popen(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"),
+                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    try:
+        url = ""
+
+        def dashboard_url() -> bool:
+            nonlocal url
+            for line in log_path.read_text().splitlines():
+                if line.startswith("dashboard: http"):
+                    url = line.split()[1]
+                    return True
+            return False
+
+        wait_for(dashboard_url, 120, "the dashboard line")
+        token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+        seen: list[dict] = []
+
+        def trial_actors() -> bool:
+            req = urllib.request.Request(
+                f"{url}/api/v0/actors?detail=1&limit=200",
+                headers={"Authorization": f"Bearer {token}"})
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            try:
+                with opener.open(req, timeout=5) as resp:
+                    data = json.loads(resp.read())
+            except OSError:
+                return False
+            actors = data.get("data", {}).get("result", {}).get("result", [])
+            seen[:] = [a for a in actors if "ImplicitFunc" in a.get("class_name", "")
+                       and a.get("state") == "ALIVE"]
+            return bool(seen)
+
+        wait_for(trial_actors, 180, "a trial actor in the dashboard's API")
+        # The trial actor holds its GPU pair (through Tune's placement group).
+        gpus = {k: v for k, v in seen[0]["required_resources"].items() if k.startswith("GPU")}
+        assert gpus and set(gpus.values()) == {2.0}
+        # Without the token the API refuses: authentication stays on.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with pytest.raises(urllib.error.HTTPError) as err:
+            opener.open(f"{url}/api/v0/actors", timeout=5)
+        assert err.value.code == 401
+        assert driver.wait(timeout=600) == 0
+    finally:
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGINT)
+            try:
+                driver.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                driver.kill()

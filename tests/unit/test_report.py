@@ -1,0 +1,443 @@
+"""report: verdicts, recommendation, schedule and command line from known tables.
+
+Each test builds a run dir with `results.write_level` / `results.write_trial` from synthetic
+trials whose figures are known (a no-speculation baseline first), writes the report and checks
+what a reader would see against what the data says.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image
+import pytest
+
+from specdecode_tune import results
+from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
+from specdecode_tune.report import write_report
+from specdecode_tune.report.cli import main as report_main
+from specdecode_tune.report.data import read_run
+from specdecode_tune.report.recommend import recommend, schedule
+from specdecode_tune.report.verdicts import shape, verdicts
+from specdecode_tune.space import resolve
+
+EXPERIMENT = """
+name = "report-test"
+[backend]
+kind = "sim"
+model_path = "Qwen/Qwen3.5-122B-A10B"
+draft_model_path = "Qwen3.5-122B-A10B-EAGLE3"
+tp_size = 2
+[backend.flags]
+cuda_graph_max_bs = 64
+[space.speculative_num_steps]
+type = "int"
+low = 1
+high = 12
+[space.speculative_eagle_topk]
+type = "categorical"
+choices = [1]
+[measure]
+concurrency = [1, 16]
+[search]
+noise_band = 0.025
+"""
+
+BASE = {1: 100.0, 16: 1000.0}
+# The seed (../shared/seed/measurements.csv): steps 1..5 rise at C=1, 4 -> 5 is +1.8% at C=1
+# and -30% at C=16; the probe at steps=10 is worse everywhere.
+SEED = {1: {1: 123, 16: 900}, 2: {1: 186, 16: 1200}, 3: {1: 234, 16: 1450},
+        4: {1: 277, 16: 1596}, 5: {1: 282, 16: 1119}}
+PROBE_PEAK = {1: 240, 16: 600}
+# A plateau that is escaped: 4 -> 5 flat in score, steps=10 better by far more than the band.
+ESCAPE = {**SEED, 5: {1: 282, 16: 1610}}
+PROBE_ESCAPE = {1: 330, 16: 1800}
+
+
+def level(c: int, tok: float, *, accept: float | None = None, suspect: bool = False,
+          note: str = "") -> LevelSummary:
+    return LevelSummary(
+        concurrency=c, mode="closed", rate=None, duration_s=10.0, requests=20, errors=0,
+        output_tokens=int(tok * 10), output_tok_s=float(tok), requests_s=1.0,
+        ttft_p50=0.1, ttft_p90=0.2, ttft_p99=0.3, tpot_p50=0.01, tpot_p90=0.02, tpot_p99=0.03,
+        itl_p50=None, itl_p90=None, itl_p99=None, e2e_p50=2.0, e2e_p90=2.5, e2e_p99=3.0,
+        accept_length=accept, suspect=suspect, note=note)
+
+
+class Run:
+    """A run dir under construction: trials are written in the order they are added."""
+
+    def __init__(self, path: Path, experiment: bool = True, baseline: bool = True) -> None:
+        self.path = path
+        self.n = 0
+        path.mkdir(parents=True, exist_ok=True)
+        if experiment:
+            (path / "experiment.toml").write_text(EXPERIMENT)
+        if baseline:
+            self.add("baseline", {"speculative_num_steps": 0}, BASE)
+
+    def add(self, trial_id: str, sampled: dict[str, Any], tok: dict[int, float] | None,
+            *, status: str = "ok", reason: str = "", repeat: int = 0, suspect: bool = False,
+            level_suspect: tuple[int, ...] = (), jump: str | None = None,
+            mrr: int | None = None, score: float | None = None) -> None:
+        params = resolve(sampled, {"cuda_graph_max_bs": 64})
+        steps = params.get("speculative_num_steps", 0)
+        levels = []
+        for c, v in (tok or {}).items():
+            s = level(c, v, accept=min(steps + 1, 1 + 0.8 * steps) if steps else None,
+                      suspect=c in level_suspect, note="clocks throttled"
+                      if c in level_suspect else "")
+            results.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
+            levels.append(s)
+        facts = ServerFacts(max_total_num_tokens=455357 - 40000 * steps,
+                            max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps))
+        result = TrialResult(trial_id=trial_id, params=params, status=status, reason=reason,
+                             facts=facts if status == "ok" else ServerFacts(),
+                             levels=tuple(levels), repeat=repeat, suspect=suspect)
+        self.n += 1
+        results.write_trial(self.path, result, extra={
+            "jump_reason": jump, "finished_at": 1_700_000_000 + self.n, "node": "test",
+            "score": score})
+
+
+def seed_run(path: Path, probe: dict[int, float] = PROBE_PEAK,
+             curve: dict[int, dict[int, float]] = SEED) -> Run:
+    run = Run(path)
+    for steps, tok in curve.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    run.add("t10", {"speculative_num_steps": 10}, probe,
+            jump="plateau on speculative_num_steps: 4 -> 5 gained +1.8%; jumping to 10")
+    return run
+
+
+def steps_verdict(path: Path) -> Any:
+    data = read_run(str(path))
+    return data, next(v for v in verdicts(data) if v.axis == "speculative_num_steps")
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+
+
+def test_seed_plateau_is_a_peak(tmp_path: Path) -> None:
+    seed_run(tmp_path)
+    data, v = steps_verdict(tmp_path)
+    assert data.band == pytest.approx(0.025)          # no repeats: the experiment's band
+    assert v.kind == "peak" and v.best_value == 4
+    assert v.beyond_value == 5
+    expected_5 = (math.log(2.82) + math.log(1.119)) / 2 - (math.log(2.77)
+                                                               + math.log(1.596)) / 2
+    assert v.beyond_delta == pytest.approx(expected_5)
+    # The seed's sentence, with N from the data.
+    assert "steps 4 -> 5: +1.8% at C=1, within noise (±2.5%); -29.9% at C=16" in v.headline
+    assert "steps=4 is the peak" in v.headline
+    assert "probe at steps=10 (plateau jump): -13.4% at C=1; -62.4% at C=16" in v.headline
+    assert (10, pytest.approx(((math.log(2.4) + math.log(0.6))
+                               - (math.log(2.77) + math.log(1.596))) / 2), True) in v.probes
+    # At C=1 alone the curve plateaus at 4..5, and the probe shows it is a peak.
+    c1 = next(s for s in v.per_level if s.startswith("C=1:"))
+    assert "plateau at steps=4..5" in c1 and "steps=10: -14.9%" in c1 and "a peak" in c1
+    c16 = next(s for s in v.per_level if s.startswith("C=16:"))
+    assert "best at steps=4 (1596 tok/s)" in c16 and "steps=5: -29.9%" in c16
+    step45 = next(s for s in v.steps if (s.a, s.b) == (4, 5))
+    assert step45.levels[1][1] is True and step45.levels[16][1] is False
+    assert not step45.score_within
+
+
+def test_plateau_escaped_by_a_jump(tmp_path: Path) -> None:
+    seed_run(tmp_path, probe=PROBE_ESCAPE, curve=ESCAPE)
+    _, v = steps_verdict(tmp_path)
+    assert v.escaped and v.escaped_from == (4, 5) and v.best_value == 10
+    s5 = (math.log(2.82) + math.log(1.61)) / 2
+    s10 = (math.log(3.3) + math.log(1.8)) / 2
+    assert v.escape_delta == pytest.approx(s10 - s5)
+    assert s10 - s5 > 0.025
+    assert "the plateau at steps=4..5 (4 -> 5: score +1.3%, within noise (±2.5%)) was " \
+           "escaped at steps=10 (plateau jump): score +14.4% over steps=5" in v.headline
+    assert "+17.0% at C=1; +11.8% at C=16" in v.headline
+    assert v.kind == "edge" and "not known whether larger values climb" in v.headline
+
+
+def test_difference_inside_the_noise_is_not_a_win(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.add("a", {"speculative_num_steps": 2}, {1: 186, 16: 1200})
+    run.add("b", {"speculative_num_steps": 3}, {1: 234, 16: 1450})
+    run.add("c", {"speculative_num_steps": 4}, {1: 236.3, 16: 1464.5})   # +1.0% everywhere
+    data, v = steps_verdict(tmp_path)
+    assert v.kind == "plateau_edge" and v.plateau == (3, 4)
+    step = v.steps[-1]
+    assert step.score == pytest.approx(math.log(1.01), abs=1e-3) and step.score_within
+    assert all(within for _, within in step.levels.values())
+    assert "+1.0% at C=1, within noise (±2.5%); +1.0% at C=16, within noise (±2.5%)" \
+        in v.headline
+    assert "nothing measured beyond steps=4" in v.headline
+    rec = recommend(data)
+    assert rec.config is not None and rec.config.param("speculative_num_steps") == 4
+    assert rec.runner_within and rec.runner_up.param("speculative_num_steps") == 3
+
+
+def test_measured_band_from_repeats_swallows_a_small_gain(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.add("a", {"speculative_num_steps": 3}, {1: 234, 16: 1450})
+    # steps=4 measured three times, scattered by about +-4%: the band widens past 4%.
+    for i, f in enumerate((1.0, 1.04, 0.96)):
+        run.add(f"b{i}", {"speculative_num_steps": 4}, {1: 243.4 * f, 16: 1508 * f},
+                repeat=i)
+    run.add("c", {"speculative_num_steps": 2}, {1: 186 * 1.04, 16: 1200 * 1.04})
+    run.add("c1", {"speculative_num_steps": 2}, {1: 186 * 0.96, 16: 1200 * 0.96}, repeat=1)
+    data, v = steps_verdict(tmp_path)
+    assert data.band_measured and data.band > 0.04
+    step = next(s for s in v.steps if (s.a, s.b) == (3, 4))
+    assert step.score == pytest.approx(math.log(1.04), abs=1e-3) and step.score_within
+    # Ranking is by median - 1.4826 MAD: the scattered steps=4 ranks below the steady steps=3,
+    # and the recommendation says the two are within noise of each other.
+    rec = recommend(data)
+    assert rec.config is not None and rec.config.param("speculative_num_steps") == 3
+    assert rec.runner_up is not None and rec.runner_up.n == 3 and rec.runner_within
+
+
+def test_suspect_trials_are_left_out_and_listed(tmp_path: Path) -> None:
+    run = seed_run(tmp_path)
+    run.add("s1", {"speculative_num_steps": 6}, {1: 900, 16: 5000}, suspect=True)
+    run.add("s2", {"speculative_num_steps": 7}, {1: 950, 16: 5200}, level_suspect=(16,))
+    data, v = steps_verdict(tmp_path)
+    assert 6 not in v.values and 7 not in v.values
+    assert v.kind == "peak" and v.best_value == 4
+    assert data.best is not None and data.best.param("speculative_num_steps") == 4
+    out = write_report(str(tmp_path))
+    md = Path(out.path).read_text()
+    section = md.split("### Suspect trials")[1].split("###")[0]
+    assert "| s1 |" in section and "| s2 |" in section and "C=16: clocks throttled" in section
+
+
+def test_infeasible_configs_are_shown(tmp_path: Path) -> None:
+    run = seed_run(tmp_path)
+    run.add("t12", {"speculative_num_steps": 12}, None, status="infeasible",
+            reason="oom: CUDA out of memory while allocating the KV pool")
+    _, v = steps_verdict(tmp_path)
+    assert (12, "oom: CUDA out of memory while allocating the KV pool") in v.infeasible
+    assert "refused by the server: steps=12 (oom, steps=12 topk=1 draft=13)" in v.headline
+    out = write_report(str(tmp_path))
+    md = Path(out.path).read_text()
+    section = md.split("### Infeasible, failed and pruned trials")[1]
+    assert "| t12 | steps=12 topk=1 draft=13 | infeasible | oom: CUDA" in section
+
+
+def test_curves_compare_the_best_config_at_each_value(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    mem = "mem_fraction_static"
+    run.add("a", {"speculative_num_steps": 3, mem: 0.85}, {1: 200, 16: 1300})
+    run.add("b", {"speculative_num_steps": 3, mem: 0.9}, {1: 234, 16: 1450})
+    run.add("c", {"speculative_num_steps": 4, mem: 0.85}, {1: 277, 16: 1596})
+    run.add("d", {"speculative_num_steps": 3, "speculative_eagle_topk": 2,
+                  "speculative_num_draft_tokens": 5, mem: 0.85}, {1: 210, 16: 1100})
+    run.add("e", {"speculative_num_steps": 3, "speculative_eagle_topk": 2,
+                  "speculative_num_draft_tokens": 7, mem: 0.85}, {1: 220, 16: 1000})
+    data = read_run(str(tmp_path))
+    assert data.axes == ("speculative_num_steps", "speculative_eagle_topk",
+                         "speculative_num_draft_tokens", "mem_fraction_static")
+    by_axis = {v.axis: v for v in verdicts(data)}
+    steps = by_axis["speculative_num_steps"]
+    # Steps are judged among chains (the recommended config's topk), not against trees.
+    assert steps.scope == {"speculative_eagle_topk": 1}
+    assert steps.headline.startswith("among topk=1 configs: ")
+    assert steps.values == (3, 4) and [cf.trials[0].trial_id for cf in steps.configs] == \
+        ["b", "c"]
+    assert "caution: the curve's configs also differ in mem (0.9 at steps=3, 0.85 at " \
+           "steps=4)" in steps.headline
+    # Draft tokens are an axis of their own only for trees: chains have draft = steps + 1.
+    draft = by_axis["speculative_num_draft_tokens"]
+    assert draft.values == (5, 7) and all(cf.param("speculative_eagle_topk") == 2
+                                          for cf in draft.configs)
+    out = write_report(str(tmp_path))
+    assert "tok_s_vs_steps.png" in {Path(p).name for p in out.figures}
+
+
+def test_run_without_baseline_uses_the_search_scores(tmp_path: Path) -> None:
+    run = Run(tmp_path, baseline=False)
+    run.add("a", {"speculative_num_steps": 3}, {1: 234, 16: 1450}, score=0.61)
+    run.add("b", {"speculative_num_steps": 4}, {1: 277, 16: 1596}, score=0.74)
+    out = write_report(str(tmp_path))
+    assert out.summary_lines[0].startswith("Best config: steps=4 topk=1 draft=5; no "
+                                           "no-speculation baseline was measured")
+
+
+def test_html_escapes_what_the_tables_say(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.add("a", {"speculative_num_steps": 3}, {1: 234, 16: 1450})
+    run.add("b", {"speculative_num_steps": 9}, None, status="failed",
+            reason="crashed: <script>alert(1)</script> & more")
+    page = Path(write_report(str(tmp_path)).html_path).read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+
+
+def test_shape_on_a_plain_curve() -> None:
+    sh = shape([0.1, 0.3, 0.31, 0.1], band=0.025)
+    assert (sh.best, sh.lo, sh.hi, sh.escaped) == (2, 1, 2, None)
+    sh = shape([0.1, 0.3, 0.31, 0.6], band=0.025)
+    assert sh.best == 3 and sh.escaped == (1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recommendation, command line, schedule
+
+
+def test_recommendation_and_launch_command(tmp_path: Path) -> None:
+    seed_run(tmp_path)
+    data = read_run(str(tmp_path))
+    rec = recommend(data)
+    assert rec.config is not None and rec.config.param("speculative_num_steps") == 4
+    assert rec.vs_baseline == "better"
+    assert rec.command == (
+        "python -m sglang.launch_server --model-path Qwen/Qwen3.5-122B-A10B --tp-size 2 "
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path "
+        "Qwen3.5-122B-A10B-EAGLE3 --speculative-num-steps 4 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 5 --cuda-graph-max-bs 64 --enable-metrics")
+    rows = {row.c: row for row in rec.rows}
+    assert rows[1].tok_s == 277 and rows[1].base == 100 and rows[1].speedup == pytest.approx(2.77)
+    assert rows[16].speedup == pytest.approx(1.596)
+
+
+def test_no_experiment_means_no_command_and_says_why(tmp_path: Path) -> None:
+    run = Run(tmp_path, experiment=False)
+    run.add("a", {"speculative_num_steps": 3}, {1: 234, 16: 1450})
+    data = read_run(str(tmp_path))
+    rec = recommend(data)
+    assert rec.command is None and "no experiment.toml in the run dir" in rec.command_note
+    md = Path(write_report(str(tmp_path)).path).read_text()
+    assert "no launch command: no experiment.toml in the run dir" in md
+
+
+def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
+    # steps=5 is +8.3% at C=1 (beyond noise) and -30% at C=16: a schedule pays.
+    seed_run(tmp_path, curve={**SEED, 5: {1: 300, 16: 1119}})
+    data = read_run(str(tmp_path))
+    s = schedule(data)
+    assert [(e.c, e.steps, e.tok_s) for e in s.chain] == [(1, 5, 300), (16, 4, 1596)]
+    assert not any(e.within_noise or e.kept_static for e in s.chain)
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "16": {"candidate_steps": [4]}}
+    assert s.vllm == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
+                      "num_speculative_tokens": 5,
+                      "num_speculative_tokens_per_batch_size": [[1, 15, 5], [16, 16, 4]]}
+    assert s.sglang_command is not None
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
+           "--speculative-num-draft-tokens 6" in s.sglang_command
+    assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" \
+        in s.sglang_command
+    out = write_report(str(tmp_path))
+    paths = {Path(p).name: p for p in out.schedule_paths}
+    assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == s.sglang
+    assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == s.vllm
+
+
+def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) -> None:
+    seed_run(tmp_path)       # steps=5 is the fastest at C=1, by +1.8%: inside the 2.5% band
+    s = schedule(read_run(str(tmp_path)))
+    assert [(e.c, e.steps, e.within_noise) for e in s.entries] == [(1, 5, True), (16, 4, False)]
+    assert [(e.c, e.steps, e.kept_static) for e in s.chain] == [(1, 4, True), (16, 4, False)]
+    assert s.sglang == {"1": {"candidate_steps": [4]}, "16": {"candidate_steps": [4]}}
+    assert any("only within noise" in n for n in s.notes)
+    assert any("equals the static config" in n for n in s.notes)
+
+
+def test_schedule_keeps_no_speculation_where_the_baseline_wins(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.add("a", {"speculative_num_steps": 3}, {1: 234, 16: 950})
+    run.add("b", {"speculative_num_steps": 2}, {1: 186, 16: 990})
+    s = schedule(read_run(str(tmp_path)))
+    assert [(e.c, e.steps) for e in s.chain] == [(1, 3), (16, 0)]
+    assert s.sglang == {"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0]}}
+    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 3], [16, 16, 0]]
+
+
+def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    (tmp_path / "experiment.toml").write_text(
+        EXPERIMENT.replace('kind = "sim"', 'kind = "vllm"\nspeculative_algorithm = "NEXTN"')
+        .replace("[backend.flags]\ncuda_graph_max_bs = 64\n", ""))
+    mem = "mem_fraction_static"
+    run.add("a", {"speculative_num_steps": 3, mem: 0.9}, {1: 234, 16: 1450})
+    run.add("b", {"speculative_num_steps": 5, mem: 0.9}, {1: 300, 16: 1100})
+    data = read_run(str(tmp_path))
+    rec = recommend(data)
+    assert rec.command is not None and rec.command.startswith(
+        "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
+    assert '"num_speculative_tokens":3' in rec.command
+    s = schedule(data)
+    assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
+    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 5], [16, 16, 3]]
+    assert s.vllm_command is not None and s.vllm_command.endswith(
+        "--gpu-memory-utilization 0.9")
+    assert s.sglang_command is None      # not an SGLang experiment: the JSON only
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: summary, figures, HTML, CLI
+
+
+def test_report_files_figures_and_offline_html(tmp_path: Path) -> None:
+    seed_run(tmp_path)
+    out = write_report(str(tmp_path))
+    assert Path(out.path) == tmp_path / "report" / "report.md"
+    names = sorted(Path(p).name for p in out.figures)
+    assert names == ["accept_vs_steps.png", "history.png", "kv_vs_steps.png", "pareto.png",
+                     "tok_s_vs_steps.png"]
+    for p in out.figures:
+        raw = Path(p).read_bytes()
+        assert raw.startswith(b"\x89PNG\r\n\x1a\n")
+        assert matplotlib.image.imread(p).shape[0] > 100
+    page = Path(out.html_path).read_text()
+    srcs = re.findall(r'src="([^"]+)"', page)
+    assert len(srcs) == len(out.figures)
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
+    embedded = {base64.b64decode(s.split(",", 1)[1]) for s in srcs}
+    assert embedded == {Path(p).read_bytes() for p in out.figures}
+    assert "http://" not in page and "https://" not in page and "<link" not in page \
+        and "<script" not in page
+    md = Path(out.path).read_text()
+    # The ten-second summary opens the report and is what the search prints.
+    head = md.split("## ")[0]
+    for line in out.summary_lines:
+        assert line in head
+    assert out.summary_lines[0].startswith("Best config: steps=4 topk=1 draft=5")
+    assert "C=1 2.77x, C=16 1.60x" in out.summary_lines[0]
+    assert out.summary_lines[1].startswith("Plateau verdict: steps 4 -> 5: +1.8% at C=1")
+    assert "noise band ±2.5% assumed" in out.summary_lines[2]
+    assert not list((tmp_path / "report").glob(".*"))       # no temporary files left
+
+
+def test_cli_prints_summary_and_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    seed_run(tmp_path / "run")
+    out_dir = tmp_path / "elsewhere"
+    assert report_main([str(tmp_path / "run"), "--out", str(out_dir)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Best config: steps=4")
+    assert f"report: {out_dir / 'report.md'}" in text
+    assert (out_dir / "report.html").is_file() and not (tmp_path / "run" / "report").exists()
+
+
+def test_missing_or_empty_run_dir_exits_2(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert report_main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such run dir" in err
+    (tmp_path / "empty").mkdir()
+    assert report_main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no trials recorded" in err
+
+
+def test_module_entry_point(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "specdecode_tune.report",
+                           str(tmp_path / "missing")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error:") and len(proc.stderr.splitlines()) == 1
