@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 
@@ -39,3 +40,29 @@ def pid_alive(pid: int) -> bool:
 @pytest.fixture
 def free_port() -> int:
     return pick_free_port()
+
+
+def tagged_processes(tag: str) -> dict[int, str]:
+    """Processes whose environment carries SPECDECODE_TEST_TAG=tag, with their command lines.
+
+    A test gives its search this tag: Ray's processes, the trials and the servers all inherit
+    the driver's environment, so this finds everything the test started, and nothing else."""
+    found = {}
+    needle = f"SPECDECODE_TEST_TAG={tag}".encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                found[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            pass
+    return found
+
+
+def kill_pids(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass

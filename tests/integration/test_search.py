@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specdecode_tune import results
-from tests.conftest import DATA, REPO, pid_alive
+from tests.conftest import DATA, REPO, kill_pids, pid_alive, tagged_processes
 
 pytestmark = pytest.mark.slow
 
@@ -34,31 +34,6 @@ def search_cmd(exp: Path, storage: Path, *more: str) -> list[str]:
             "--storage", str(storage), *more]
 
 
-def process_table() -> dict[int, str]:
-    out = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                pass
-    return out
-
-
-def tagged(tag: str) -> dict[int, str]:
-    """Processes whose environment carries this test's tag (Ray's processes and the servers
-    all inherit the driver's environment)."""
-    found = {}
-    needle = f"SPECDECODE_TEST_TAG={tag}".encode()
-    for pid, cmd in process_table().items():
-        try:
-            if needle in (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0"):
-                found[pid] = cmd
-        except OSError:
-            pass
-    return found
-
-
 @pytest.fixture
 def test_env():
     """An environment for the search processes that tags them; afterwards every tagged
@@ -66,13 +41,9 @@ def test_env():
     tag = uuid.uuid4().hex
     yield {**os.environ, "SPECDECODE_TEST_TAG": tag}
     time.sleep(1.0)
-    leftovers = tagged(tag)
+    leftovers = tagged_processes(tag)
     sims = [pid for pid, cmd in leftovers.items() if "specdecode_tune.sim" in cmd]
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_pids(leftovers)
     assert not sims, f"simulator servers left running: {sims}"
 
 
