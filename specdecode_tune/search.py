@@ -359,8 +359,13 @@ def start_ray(plan: RunPlan, address: str | None) -> Any:
     if address:
         return ray.init(address=address, **kwargs)
     cluster = plan.exp.cluster
+    # A minimal Ray (plain ray[tune], no ray[default]) has no dashboard: run without one and
+    # say so, rather than fail the search.
+    missing = ray._private.utils.get_dashboard_dependency_error()
+    if missing:
+        _say(f"dashboard: not available ({missing}); install ray[default] for it")
     return ray.init(address="local", num_gpus=cluster.num_gpus, num_cpus=cluster.num_cpus,
-                    include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+                    include_dashboard=not missing, dashboard_host="127.0.0.1", **kwargs)
 
 
 def check_gpus(plan: RunPlan) -> None:
