@@ -438,8 +438,9 @@ _SORT_KEYS = {
 
 
 def read_table(run_dir: str | os.PathLike[str], name: str) -> pa.Table:
-    """One table of the run ("requests", "levels" or "trials") with its full schema, sorted by
-    trial id (then level, then request index). Hidden and temporary files are ignored."""
+    """One table of the run ("requests", "levels", "trials" or "telemetry") with its full
+    schema, sorted by trial id (then level, then request index or sample time). Hidden and
+    temporary files are ignored."""
     if name not in SCHEMAS:
         raise ValueError(f"table must be one of {list(SCHEMAS)}, got {name!r}")
     schema = SCHEMAS[name]
@@ -562,3 +563,79 @@ def trial_results_from_tables(tables: RunTables) -> list[TrialResult]:
             levels=levels.get(row["trial_id"], ()), wall_s=row["wall_s"],
             repeat=row["repeat"], suspect=row["suspect"]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU telemetry (specdecode_tune.telemetry): one row per GPU per sample of a measured level
+#
+#     <run_dir>/tables/telemetry/<trial_id>-<level>.parquet
+#
+# Written after the level's summary by the trial; a level without telemetry (no GPU, no NVML)
+# writes no file. `read_table(run_dir, "telemetry")` reads it with this schema.
+
+_FOREIGN_PROCESS = pa.struct([_f("pid", pa.int64(), False), _f("name", pa.string(), False),
+                              _f("used_mib", pa.float64())])
+
+TELEMETRY_SCHEMA = _schema([
+    _f("trial_id", pa.string(), False),
+    _f("level", pa.string(), False),          # level_tag(): "c<concurrency>" or "r<rate>"
+    _f("gpu", pa.int64(), False),             # the GPU's index as the trial's CUDA sees it
+    _f("uuid", pa.string(), False),
+    _f("t_s", pa.float64(), False),           # seconds since the level's window started
+    _f("dt_s", pa.float64(), False),          # seconds the sample stands for
+    _f("timestamp", _TS, False),
+    _f("mem_used_mib", pa.float64()),
+    _f("mem_total_mib", pa.float64()),
+    _f("util_gpu", pa.int64()),
+    _f("util_mem", pa.int64()),
+    _f("sm_clock_mhz", pa.int64()),
+    _f("mem_clock_mhz", pa.int64()),
+    _f("clock_events_mask", pa.int64()),
+    _f("clock_events", pa.list_(pa.string()), False),
+    _f("temperature_c", pa.int64()),
+    _f("power_w", pa.float64()),
+    _f("foreign", pa.list_(_FOREIGN_PROCESS), False),
+], "telemetry")
+
+SCHEMAS["telemetry"] = TELEMETRY_SCHEMA
+_SORT_KEYS["telemetry"] = [("trial_id", "ascending"), ("level", "ascending"),
+                           ("t_s", "ascending"), ("gpu", "ascending")]
+
+_SAMPLE_COLUMNS = ("gpu", "uuid", "t_s", "dt_s", "mem_used_mib", "mem_total_mib", "util_gpu",
+                   "util_mem", "sm_clock_mhz", "mem_clock_mhz", "clock_events_mask",
+                   "temperature_c", "power_w")
+
+
+def _check_level_tag(tag: str) -> None:
+    if not isinstance(tag, str) or not tag or tag.startswith(".") \
+            or any(c in tag for c in "/\\\0"):
+        raise ValueError(f"level_tag must be a non-empty file name part such as 'c8' "
+                         f"(see level_tag()), got {tag!r}")
+
+
+def telemetry_table(trial_id: str, level_tag: str, samples: Sequence[Any]) -> pa.Table:
+    """One row per GPU sample (TELEMETRY_SCHEMA). `samples` are telemetry.GpuSample values (or
+    any objects with their attributes)."""
+    n = len(samples)
+    cols: dict[str, list[Any]] = {"trial_id": [trial_id] * n, "level": [level_tag] * n}
+    for name in _SAMPLE_COLUMNS:
+        cols[name] = [getattr(s, name) for s in samples]
+    cols["timestamp"] = [datetime.fromtimestamp(s.wall, tz=timezone.utc) for s in samples]
+    cols["clock_events"] = [list(s.clock_events) for s in samples]
+    cols["foreign"] = [[{"pid": p.pid, "name": p.name, "used_mib": p.used_mib}
+                        for p in s.foreign] for s in samples]
+    return _table(TELEMETRY_SCHEMA, cols)
+
+
+def write_telemetry(run_dir: str | os.PathLike[str], trial_id: str, level_tag: str,
+                    samples: Sequence[Any]) -> str | None:
+    """Write one level's GPU samples (replacing an earlier file of the same trial and level).
+    Returns the path, or None when there are no samples (nothing is written)."""
+    _check_trial_id(trial_id)
+    _check_level_tag(level_tag)
+    if not samples:
+        return None
+    fs, root = _filesystem(run_dir)
+    table = telemetry_table(trial_id, level_tag, samples)
+    return _write_atomic(fs, f"{_table_dir(root, 'telemetry')}/{trial_id}-{level_tag}.parquet",
+                         table)
