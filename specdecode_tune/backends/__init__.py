@@ -7,11 +7,13 @@ path, reads the server's facts after boot, and says how a person would launch th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, ClassVar, Mapping, Protocol
 
 from ..config import BackendConfig
 from ..records import ServerFacts
+from .llamacpp import LlamaCppBackend
 from .sglang import SGLangBackend, SimBackend
+from .vllm import VLLMBackend
 
 
 class Backend(Protocol):
@@ -19,12 +21,19 @@ class Backend(Protocol):
 
     name: str
     health_path: str
+    # Sent on every load request (llama.cpp: "Connection: close", see its backend).
+    request_headers: ClassVar[Mapping[str, str]]
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
         """The server's command line for these resolved parameters on this port."""
 
-    def env(self, cfg: BackendConfig) -> dict[str, str]:
-        """Extra environment for the server process (added to the trial's own)."""
+    def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
+        """Extra environment for the server process (added to the trial's own); `run_dir` is
+        a folder of this trial for caches the server writes (vLLM's VLLM_CACHE_ROOT)."""
+
+    def validate(self, cfg: BackendConfig) -> None:
+        """Raise ConfigError for a backend config this server kind cannot run (called before
+        a search starts anything)."""
 
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         """What the healthy server says about itself (KV budget, running limit, GPUs)."""
@@ -35,10 +44,22 @@ class Backend(Protocol):
     def program(self, cfg: BackendConfig) -> str:
         """The executable that argv starts (checked before a search starts anything)."""
 
+    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+        """The server's speculative counters now (taken before and after a measurement
+        window), or None where the server has none (SGLang: acceptance comes per request)."""
+
+    def window_acceptance(self, before: Mapping[str, float] | None,
+                          after: Mapping[str, float] | None
+                          ) -> tuple[float | None, tuple[int, ...]]:
+        """(acceptance length, accepted tokens per draft position) between two snapshots;
+        (None, ()) when the counters cannot say."""
+
 
 BACKENDS: dict[str, Backend] = {
     "sglang": SGLangBackend(),
     "sim": SimBackend(),
+    "vllm": VLLMBackend(),
+    "llamacpp": LlamaCppBackend(),
 }
 
 

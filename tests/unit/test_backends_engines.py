@@ -1,0 +1,196 @@
+"""The llama.cpp and vLLM backends: params -> argv, speculative config, environment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune.backends import BACKENDS, get_backend
+from specdecode_tune.backends.llamacpp import spec_type
+from specdecode_tune.backends.vllm import speculative_config
+from specdecode_tune.config import BackendConfig
+from specdecode_tune.errors import ConfigError
+from specdecode_tune.space import resolve
+
+
+def llama_cfg(**kw: object) -> BackendConfig:
+    base: dict[str, object] = {
+        "kind": "llamacpp", "model_path": "/models/m.gguf", "speculative_algorithm": "ngram",
+        "binary": "/opt/llama-server", "flags": {"ctx_size": 4096}}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+def vllm_cfg(**kw: object) -> BackendConfig:
+    base: dict[str, object] = {
+        "kind": "vllm", "model_path": "/models/hf", "speculative_algorithm": "ngram",
+        "binary": "/venv/bin/python",
+        "flags": {"prompt_lookup_max": 4, "prompt_lookup_min": 2, "max_model_len": 2048}}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+def argv(kind: str, cfg: BackendConfig, sampled: dict) -> list[str]:
+    return get_backend(kind).argv(cfg, resolve(sampled, cfg.flags), "{port}")
+
+
+def after(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_both_engines_are_registered() -> None:
+    assert {"llamacpp", "vllm", "sglang", "sim"} <= set(BACKENDS)
+    for kind in ("llamacpp", "vllm"):
+        b = get_backend(kind)
+        assert b.name == kind and b.health_path == "/health"
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp
+
+
+def test_llamacpp_ngram_draft_length_goes_to_size_m_and_lookup_is_lowered_to_it() -> None:
+    cfg = llama_cfg(flags={"spec_ngram_simple_size_n": 3, "parallel": 4})
+    a = argv("llamacpp", cfg, {"speculative_num_steps": 8})
+    assert a[:3] == ["/opt/llama-server", "--model", "/models/m.gguf"]
+    assert after(a, "--spec-type") == "ngram-simple"
+    assert after(a, "--spec-ngram-simple-size-m") == "8"
+    assert after(a, "--spec-ngram-simple-size-n") == "3"
+    assert a.count("--spec-ngram-simple-size-n") == 1        # the fixed flag is not repeated
+    assert after(a, "--parallel") == "4" and "--metrics" in a
+    assert a[-4:] == ["--host", "127.0.0.1", "--port", "{port}"]
+    # a draft length below the lookup length would draft nothing: the lookup follows it down
+    a = argv("llamacpp", cfg, {"speculative_num_steps": 2})
+    assert after(a, "--spec-ngram-simple-size-n") == "2"
+    # unset lookup length: llama.cpp's default 12, lowered to K
+    a = argv("llamacpp", llama_cfg(), {"speculative_num_steps": 16})
+    assert after(a, "--spec-ngram-simple-size-n") == "12"
+
+
+def test_llamacpp_baseline_has_no_speculation_and_no_derived_params() -> None:
+    a = argv("llamacpp", llama_cfg(), {"speculative_num_steps": 0})
+    assert not any(x.startswith("--spec") for x in a)
+    assert not any("speculative" in x for x in a)
+    assert after(a, "--ctx-size") == "4096"
+
+
+def test_llamacpp_max_running_requests_is_the_slot_count_and_mem_fraction_is_dropped() -> None:
+    a = argv("llamacpp", llama_cfg(), {"speculative_num_steps": 4, "max_running_requests": 8,
+                                       "mem_fraction_static": 0.8})
+    assert after(a, "--parallel") == "8"
+    assert not any("mem" in x for x in a)
+
+
+def test_llamacpp_draft_model_and_other_ngram_types() -> None:
+    cfg = llama_cfg(speculative_algorithm="draft", draft_model_path="/models/d.gguf")
+    a = argv("llamacpp", cfg, {"speculative_num_steps": 5})
+    assert after(a, "--spec-type") == "draft-simple"
+    assert after(a, "--spec-draft-model") == "/models/d.gguf"
+    assert after(a, "--spec-draft-n-max") == "5"
+    a = argv("llamacpp", llama_cfg(speculative_algorithm="ngram-mod"),
+             {"speculative_num_steps": 16})
+    assert after(a, "--spec-ngram-mod-n-max") == "16"
+    assert after(a, "--spec-ngram-mod-n-min") == "16"     # its default 48 lowered to K
+
+
+@pytest.mark.parametrize("algo,words", [
+    ("EAGLE3", "needs backend.draft_model_path"),
+    ("medusa", "llama.cpp takes one of"),
+])
+def test_llamacpp_bad_algorithms_are_config_errors(algo: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        spec_type(llama_cfg(speculative_algorithm=algo))
+
+
+def test_llamacpp_paths_expand_the_cache_variable(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    cfg = llama_cfg(model_path="${SPECDECODE_CACHE}/models/m.gguf",
+                    binary="${SPECDECODE_CACHE}/bin/llama-server")
+    a = argv("llamacpp", cfg, {"speculative_num_steps": 0})
+    assert a[0] == f"{tmp_path}/bin/llama-server"
+    assert after(a, "--model") == f"{tmp_path}/models/m.gguf"
+    # unset: the default cache folder
+    monkeypatch.delenv("SPECDECODE_CACHE")
+    a = argv("llamacpp", cfg, {"speculative_num_steps": 0})
+    assert a[0] == str(Path.home() / ".cache/specdecode_tune/bin/llama-server")
+
+
+def test_llamacpp_launch_command_is_a_shell_line_without_host_and_port() -> None:
+    cmd = get_backend("llamacpp").launch_command(llama_cfg(),
+                                                 resolve({"speculative_num_steps": 6}, {}))
+    assert cmd.startswith("llama-server --model /models/m.gguf --spec-type ngram-simple "
+                          "--spec-ngram-simple-size-m 6")
+    assert "--port" not in cmd
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM
+
+
+def test_vllm_module_form_with_speculative_config_json() -> None:
+    a = argv("vllm", vllm_cfg(), {"speculative_num_steps": 5, "max_running_requests": 4,
+                                  "mem_fraction_static": 0.85})
+    assert a[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+                     "--model", "/models/hf"]
+    assert json.loads(after(a, "--speculative-config")) == {
+        "method": "ngram", "num_speculative_tokens": 5,
+        "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert after(a, "--max-num-seqs") == "4"
+    assert after(a, "--gpu-memory-utilization") == "0.85"
+    assert after(a, "--max-model-len") == "2048"
+    # the lookup settings live in the JSON, never as flags; nor do the derived SGLang params
+    assert not any(x.startswith(("--prompt-lookup", "--speculative-num", "--speculative-eagle"))
+                   for x in a)
+
+
+def test_vllm_serve_form_and_baseline() -> None:
+    a = argv("vllm", vllm_cfg(binary="/usr/bin/vllm"), {"speculative_num_steps": 0})
+    assert a[:3] == ["/usr/bin/vllm", "serve", "/models/hf"]
+    assert "--speculative-config" not in a
+
+
+def test_vllm_method_names_and_draft_model() -> None:
+    cfg = vllm_cfg(speculative_algorithm="EAGLE3", draft_model_path="/models/eagle", flags={})
+    conf = speculative_config(cfg, resolve({"speculative_num_steps": 3}, {}))
+    assert conf == {"method": "eagle3", "num_speculative_tokens": 3, "model": "/models/eagle"}
+    cfg = vllm_cfg(speculative_algorithm="NEXTN", flags={})
+    assert speculative_config(cfg, resolve({"speculative_num_steps": 1}, {}))["method"] == "mtp"
+    assert speculative_config(cfg, resolve({"speculative_num_steps": 0}, {})) is None
+
+
+def test_vllm_cache_root_per_run_or_from_config(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    b = get_backend("vllm")
+    assert b.env(vllm_cfg(env={"VLLM_CPU_KVCACHE_SPACE": "1"}), run_dir=str(tmp_path / "t1")) \
+        == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "t1/vllm-cache")}
+    assert b.env(vllm_cfg())["VLLM_CACHE_ROOT"] == str(tmp_path / "cache/vllm-cache")
+    cfg = vllm_cfg(env={"VLLM_CACHE_ROOT": "${SPECDECODE_CACHE}/vc"})
+    assert b.env(cfg, run_dir="/x")["VLLM_CACHE_ROOT"] == str(tmp_path / "cache/vc")
+
+
+def test_vllm_launch_command_is_vllm_serve() -> None:
+    cmd = get_backend("vllm").launch_command(vllm_cfg(), resolve({"speculative_num_steps": 4},
+                                                                 vllm_cfg().flags))
+    assert cmd.startswith("vllm serve /models/hf --tensor-parallel-size 1 --speculative-config ")
+    assert '"num_speculative_tokens":4' in cmd
+
+
+@pytest.mark.parametrize("kind", sorted(BACKENDS))
+def test_every_backend_keeps_the_contract(kind: str) -> None:
+    b = get_backend(kind)
+    algo = {"llamacpp": "ngram", "vllm": "ngram"}.get(kind, "EAGLE3")
+    cfg = BackendConfig(kind=kind, model_path="/m", speculative_algorithm=algo,
+                        env={"A": "1"})
+    b.validate(cfg)
+    params = resolve({"speculative_num_steps": 3}, {})
+    a = b.argv(cfg, params, "{port}")
+    assert "{port}" in a and all(isinstance(x, str) for x in a)
+    assert b.env(cfg, run_dir="/tmp/run")["A"] == "1"
+    assert isinstance(b.launch_command(cfg, params), str)
+    assert isinstance(b.program(cfg), str) and b.program(cfg)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in b.request_headers.items())
+    assert b.window_acceptance(None, None) == (None, ())
