@@ -444,7 +444,7 @@ def _workload(t: _Table, base_dir: Path | None) -> WorkloadSpec:
             p = base_dir / p
         if not p.is_file():
             raise t.fail("path", path, "must name an existing JSONL file")
-        path = str(p)
+        path = str(p.resolve())   # trials run in their own folders: keep it absolute
     temperature = t.get("temperature", (int, float), 0.0)
     if temperature < 0:
         raise t.fail("temperature", temperature, "must be >= 0")

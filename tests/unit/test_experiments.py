@@ -1,0 +1,204 @@
+"""The shipped experiments say what they claim, and each would boot what its comments describe.
+
+Loading every file is `test_config.test_shipped_experiments_load`; here: invariants over all of
+them (names, valid enqueued points, servers sized for the measured concurrency, a prompt file
+usable from any working directory) and the seed's two setups and the vLLM one in detail, down
+to the server command lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from specdecode_tune.backends import get_backend
+from specdecode_tune.config import Experiment, load_experiment
+from specdecode_tune.space import BASELINE, invalid_reason, resolve
+from specdecode_tune.workload import make_prompts
+from tests.conftest import REPO
+
+EXPERIMENTS = sorted((REPO / "experiments").glob("*.toml"))
+PROMPTS = REPO / "experiments" / "prompts"
+SEED_MODEL = "Qwen/Qwen3.5-122B-A10B"
+
+
+def load(name: str) -> Experiment:
+    return load_experiment(REPO / "experiments" / f"{name}.toml")
+
+
+def argv_of(exp: Experiment, point: dict) -> list[str]:
+    return get_backend(exp.backend.kind).argv(exp.backend, resolve(point, exp.backend.flags),
+                                              "PORT")
+
+
+def flag(argv: list[str], name: str) -> str:
+    assert name in argv, f"{name} missing from {argv}"
+    return argv[argv.index(name) + 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every experiment
+
+
+def test_the_issue_s_experiments_are_all_shipped() -> None:
+    names = {p.stem for p in EXPERIMENTS}
+    assert {"sim-default", "seed-sglang-eagle3", "seed-sglang-eagle3-sampled", "vllm-eagle3",
+            "vllm-cpu", "llamacpp-cpu"} <= names
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_named_after_its_file_and_described(path: Path) -> None:
+    # The run dir is <storage>/<name>: one name per file keeps runs of different files apart.
+    exp = load_experiment(path)
+    assert exp.name == path.stem
+    assert exp.description
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_enqueued_points_and_the_baseline_would_boot(path: Path) -> None:
+    exp = load_experiment(path)
+    for point in [*exp.search.enqueue, BASELINE]:
+        params = resolve(point, exp.backend.flags)
+        assert invalid_reason(params) is None, (point, invalid_reason(params))
+        argv = argv_of(exp, point)
+        assert all(isinstance(a, str) for a in argv)
+
+
+@pytest.mark.parametrize("path", [p for p in EXPERIMENTS
+                                  if load_experiment(p).backend.kind in ("sglang", "sim")],
+                         ids=lambda p: p.name)
+def test_sglang_servers_are_sized_for_the_highest_concurrency(path: Path) -> None:
+    # SERVERS.md: CUDA graphs must cover the largest batch measured, and speculative mode caps
+    # running requests at 48 unless the flag is set.
+    exp = load_experiment(path)
+    top = max(exp.measure.concurrency)
+    argv = argv_of(exp, exp.search.enqueue[0] if exp.search.enqueue else {})
+    assert int(flag(argv, "--cuda-graph-max-bs")) >= top
+    if exp.backend.kind == "sglang":
+        assert int(flag(argv, "--max-running-requests")) >= top
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_real_servers_use_the_cluster_s_gpus(path: Path) -> None:
+    # Logical GPUs are for the simulator and CPU engines on a local cluster; an experiment for
+    # a real GPU server must not declare GPUs the machine may not have.
+    exp = load_experiment(path)
+    if exp.backend.kind in ("sglang", "vllm") and exp.search.gpus_per_trial > 0:
+        assert exp.cluster.num_gpus is None
+
+
+@pytest.mark.parametrize("path", [p for p in EXPERIMENTS
+                                  if load_experiment(p).workload.kind == "jsonl"],
+                         ids=lambda p: p.name)
+def test_a_prompt_file_is_found_from_any_working_directory(path: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # Ray Tune runs each trial in its own working directory (the trial dir), so a prompt path
+    # relative to where the search was started does not resolve inside the trial.
+    monkeypatch.chdir(REPO)
+    exp = load_experiment(path.relative_to(REPO))        # as `--experiment experiments/X.toml`
+    monkeypatch.chdir(tmp_path)
+    assert os.path.isfile(exp.workload.path), (
+        f"workload.path {exp.workload.path!r} only resolves from the directory the experiment "
+        f"was loaded from; the loader should make it absolute")
+    assert make_prompts(exp.workload, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed's setups
+
+
+def test_seed_greedy_is_the_seed_s_benchmark_on_sglang() -> None:
+    exp = load("seed-sglang-eagle3")
+    b = exp.backend
+    assert (b.kind, b.model_path, b.speculative_algorithm, b.tp_size) == (
+        "sglang", SEED_MODEL, "EAGLE3", 2)
+    assert b.draft_model_path and "EAGLE3" in b.draft_model_path
+    assert b.api == "generate"                # acceptance per request needs /generate
+    assert exp.search.gpus_per_trial == 2     # one GPU pair per trial, TP=2 across it
+    assert exp.measure.concurrency == (1, 16, 32, 64)
+    w = exp.workload
+    assert (w.kind, w.temperature, w.ignore_eos) == ("random", 0.0, True)
+    # The user's hand-tuned point (steps 4, topk 1, so 5 draft tokens) runs first.
+    argv = argv_of(exp, exp.search.enqueue[0])
+    assert [flag(argv, f) for f in ("--speculative-num-steps", "--speculative-eagle-topk",
+                                    "--speculative-num-draft-tokens")] == ["4", "1", "5"]
+    assert flag(argv, "--speculative-draft-model-path") == b.draft_model_path
+    assert flag(argv, "--tp-size") == "2"
+    # The plateau question: steps 10 must be reachable.
+    steps = exp.param("speculative_num_steps")
+    assert steps is not None and steps.low <= 4 and steps.high >= 10
+
+
+def test_seed_baseline_boots_the_same_server_without_speculation() -> None:
+    exp = load("seed-sglang-eagle3")
+    argv = argv_of(exp, BASELINE)
+    assert not [a for a in argv if a.startswith("--speculative")]
+    assert flag(argv, "--model-path") == SEED_MODEL and flag(argv, "--tp-size") == "2"
+
+
+def test_seed_sampled_is_the_same_server_under_a_realistic_workload() -> None:
+    greedy, sampled = load("seed-sglang-eagle3"), load("seed-sglang-eagle3-sampled")
+    # Comparable: the same server, flags, space and levels; only the load differs.
+    assert sampled.backend == greedy.backend
+    assert sampled.space == greedy.space
+    assert sampled.measure.concurrency == greedy.measure.concurrency
+    w = sampled.workload
+    assert (w.kind, w.temperature, w.ignore_eos) == ("jsonl", 0.7, False)
+    assert isinstance(w.output_len, tuple) and w.output_len[1] >= 4 * w.output_len[0]
+    assert Path(w.path).resolve().parent == PROMPTS.resolve()
+    prompts = make_prompts(w, 200)
+    assert {p.temperature for p in prompts} == {0.7}
+    assert not any(p.ignore_eos for p in prompts)
+    words = sorted(p.input_len for p in prompts)
+    assert words[-1] >= 10 * words[0], "prompt lengths are not mixed"
+    assert len({p.output_len for p in prompts}) > 50, "output lengths are not mixed"
+    assert all(p.text.startswith("<|im_start|>") and p.text.endswith("<|im_start|>assistant\n")
+               for p in prompts)
+
+
+def test_vllm_eagle3_runs_the_seed_s_benchmark_on_vllm() -> None:
+    exp, seed = load("vllm-eagle3"), load("seed-sglang-eagle3")
+    assert (exp.backend.kind, exp.backend.model_path, exp.backend.tp_size) == (
+        "vllm", SEED_MODEL, 2)
+    assert exp.workload == seed.workload and exp.measure.concurrency == seed.measure.concurrency
+    argv = argv_of(exp, exp.search.enqueue[0])
+    conf = json.loads(flag(argv, "--speculative-config"))
+    assert conf == {"method": "eagle3", "num_speculative_tokens": 3,
+                    "model": exp.backend.draft_model_path}
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert int(flag(argv, "--max-num-seqs")) >= max(exp.measure.concurrency)
+    assert "--speculative-config" not in argv_of(exp, BASELINE)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prompt files
+
+
+def chatml(messages: list[dict]) -> str:
+    """Qwen's chat template for a conversation, ending where the assistant's answer starts."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def test_the_rendered_prompts_are_the_chat_prompts_in_chatml() -> None:
+    chats = jsonl(PROMPTS / "mixed-chat.jsonl")
+    rendered = jsonl(PROMPTS / "mixed-chat.qwen-chatml.jsonl")
+    assert [r["prompt"] for r in rendered] == [chatml(c["messages"]) for c in chats]
+
+
+def test_the_chat_prompts_are_a_small_mixed_set() -> None:
+    chats = jsonl(PROMPTS / "mixed-chat.jsonl")
+    assert 20 <= len(chats) <= 200
+    assert (PROMPTS / "mixed-chat.jsonl").stat().st_size < 64 * 1024
+    assert all(c["messages"][-1]["role"] == "user" for c in chats)
+    assert any(sum(m["role"] == "user" for m in c["messages"]) > 1 for c in chats)  # multi-turn
+    assert any("```" in c["messages"][-1]["content"] for c in chats)   # code in the prompt
