@@ -23,7 +23,7 @@ from .space import PARAM_TYPES, ParamSpec, first_valid_point
 
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
 APIS = ("generate", "completions", "chat")
-SAMPLERS = ("plateau", "tpe", "nsga2", "random")
+SAMPLERS = ("plateau", "tpe", "nsga2", "random", "model")
 OBJECTIVE_KINDS = ("scalar", "pareto")
 PARETO_METRICS = ("output_tok_s", "requests_s", "ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
 # Search parameters with a fixed meaning; any other name is a server flag (--name-with-dashes).
@@ -75,6 +75,8 @@ class _Table:
             raise self.fail(name, value, f"must be {_type_name(types)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise self.fail(name, value, "must be a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
+            raise self.fail(name, value, "is out of range (a 64-bit integer)")
         return value
 
     def sub(self, name: str, required: bool = False) -> _Table:
@@ -272,6 +274,8 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ConfigError(f"{where}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: TOML syntax error: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: TOML nested too deeply to read") from None
     return experiment_from_dict(data, where=where, base_dir=p.parent)
 
 

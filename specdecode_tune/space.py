@@ -13,7 +13,6 @@ Values come from, in order: the searched parameters, the backend's fixed flags, 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -122,19 +121,51 @@ def invalid_reason(params: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _discrete(spec: ParamSpec) -> list[Any]:
-    return spec.grid(3)
+def _axis(space: Sequence[ParamSpec], fixed: Mapping[str, Any], name: str,
+          default: int) -> list[int] | None:
+    """Values an axis of the triple can take: its searched values (bounded by config's limits:
+    at most 65 steps, 64 topk), or its fixed value, or the default; None for a free draft
+    axis, which is checked as a range instead of enumerated."""
+    spec = next((s for s in space if s.name == name), None)
+    if spec is None:
+        return [int(fixed.get(name, default))]
+    if spec.type == "categorical":
+        return [int(v) for v in spec.choices]
+    return list(range(int(spec.low), int(spec.high) + 1))
 
 
 def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> dict | None:
     """Some sampled point of the space that resolves to valid settings, or None if none does.
-    Only the speculative triple can make a point invalid, so only its axes are enumerated."""
-    axes = [s for s in space if s.name in (STEPS, TOPK, DRAFT)]
-    others = {s.name: _discrete(s)[0] for s in space if s not in axes}
-    for combo in itertools.product(*(_discrete(s) for s in axes)):
-        sampled = {**others, **{s.name: v for s, v in zip(axes, combo)}}
-        if invalid_reason(resolve(sampled, fixed)) is None:
-            return sampled
+
+    Only the speculative triple can make a point invalid. Steps and topk are enumerated (their
+    ranges are small); draft tokens are checked as an interval against each pair, so a wide
+    range is never listed value by value; other parameters take their lowest value."""
+    others = {s.name: (s.choices[0] if s.type == "categorical" else s.low) for s in space
+              if s.name not in (STEPS, TOPK, DRAFT)}
+    draft = next((s for s in space if s.name == DRAFT), None)
+    for steps in _axis(space, fixed, STEPS, 3):
+        for topk in _axis(space, fixed, TOPK, 1):
+            point = {**others}
+            if any(s.name == STEPS for s in space):
+                point[STEPS] = steps
+            if any(s.name == TOPK for s in space):
+                point[TOPK] = topk
+            if draft is not None and topk > 1 and steps > 0:
+                top = steps * topk + 1
+                if draft.type == "categorical":
+                    fits = [int(d) for d in draft.choices if 2 <= int(d) <= top]
+                    if not fits:
+                        continue
+                    point[DRAFT] = fits[0]
+                else:
+                    lo = max(int(draft.low), 2)
+                    if lo > min(int(draft.high), top):
+                        continue
+                    point[DRAFT] = lo
+            elif draft is not None:
+                point[DRAFT] = draft.choices[0] if draft.type == "categorical" else int(draft.low)
+            if invalid_reason(resolve(point, fixed)) is None:
+                return point
     return None
 
 

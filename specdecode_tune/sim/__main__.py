@@ -1,11 +1,13 @@
 """`python -m specdecode_tune.sim`: launch the simulated SGLang server.
 
-Takes SGLang's launch flags (same spellings) plus `--profile NAME|PATH`, `--boot-time SECONDS`
-and `--noise-seed N`. Behaves as SGLang at start-up: bad arguments exit 2 at once (argparse
-style); memory failures ("Not enough memory", "CUDA out of memory") exit 1 after part of the
-boot time, as SGLang fails after loading weights. The port is bound at once and answers 503
-until the boot time has passed. SIGTERM or SIGINT stops it within a fraction of a second.
-All logs go to stderr.
+Takes SGLang's launch flags (same spellings, `--api-key` included) plus `--profile NAME|PATH`,
+`--boot-time SECONDS`, `--noise-seed N`, `--api-key-env NAME` (read the key from that
+environment variable, so that it never shows in the process's command line), and fault
+injection: `--fault SPEC` (repeatable) and `--fault-seed N`; see `faults.py` for the specs.
+Behaves as SGLang at start-up: bad arguments exit 2 at once (argparse style); memory failures
+("Not enough memory", "CUDA out of memory") exit 1 after part of the boot time, as SGLang fails
+after loading weights. The port is bound at once and answers 503 until the boot time has
+passed. SIGTERM or SIGINT stops it within a fraction of a second. All logs go to stderr.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
 import signal
 import sys
@@ -21,9 +24,10 @@ from typing import Any
 from aiohttp import web
 
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.faults import FaultInjector, parse_fault, parse_faults
 from specdecode_tune.sim.model import StartupError, normalize_params
 from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
-from specdecode_tune.sim.server import SimServer, make_app
+from specdecode_tune.sim.server import InjectedCrash, SimServer, make_app
 
 log = logging.getLogger("specdecode_tune.sim")
 
@@ -55,12 +59,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--boot-time", type=float, default=None, help="seconds to 'load' (default: the profile's)")
     p.add_argument("--noise-seed", type=int, default=None,
                    help="seed of the per-boot speed factor and step jitter (default: fresh each boot)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (as SGLang; shows in ps: "
+                        "prefer --api-key-env)")
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="require the key held by environment variable NAME")
+    p.add_argument("--fault", action="append", default=[], type=_fault_arg, metavar="SPEC",
+                   help="inject a fault (repeatable): crash-at-start, oom-at-start, "
+                        "crash-after:N, hang-after:N, slow-start:S, malformed-sse:P, "
+                        "drop-midway:P, slowdown-after:S:F, optionally @NAME>=VALUE "
+                        "(see specdecode_tune/sim/faults.py)")
+    p.add_argument("--fault-seed", type=int, default=0, help="seed of the random fault choices")
     return p
+
+
+def _fault_arg(text: str) -> str:
+    try:
+        parse_fault(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+# Flags of the simulator itself: not server args, never reported by /server_info.
+_OWN_FLAGS = ("profile", "boot_time", "noise_seed", "log_level", "api_key", "api_key_env", "fault",
+              "fault_seed")
 
 
 def server_args(ns: argparse.Namespace, model_path: str) -> dict[str, Any]:
     """The args as SGLang names them (what /server_info reports)."""
-    args = {k: v for k, v in vars(ns).items() if k not in ("profile", "boot_time", "noise_seed", "log_level")}
+    args = {k: v for k, v in vars(ns).items() if k not in _OWN_FLAGS}
     args["model_path"] = ns.model_path or model_path
     args["tokenizer_path"] = args["model_path"]
     args["served_model_name"] = ns.served_model_name or args["model_path"]
@@ -92,6 +120,9 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
         await asyncio.wait({boot, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if boot.done() and boot.exception() is not None:
             err = boot.exception()
+            if isinstance(err, InjectedCrash):
+                log.error("Scheduler hit an exception:\n%s", err)
+                return 1
             if not isinstance(err, StartupError):
                 raise err
             log.error("Scheduler hit an exception during start-up:\n%s", err.message)
@@ -117,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = server_args(ns, profile.model_path)
     try:
-        _, warnings = normalize_params(profile, args)
+        normalized, warnings = normalize_params(profile, args)
     except StartupError as e:
         print(e.message, file=sys.stderr)
         return e.exit_code
@@ -127,7 +158,21 @@ def main(argv: list[str] | None = None) -> int:
     if boot < 0:
         print(f"error: --boot-time = {boot}: must be >= 0", file=sys.stderr)
         return 2
-    return asyncio.run(serve(SimServer(profile, args, boot, ns.noise_seed), ns.host, ns.port))
+    if ns.api_key is not None and ns.api_key_env is not None:
+        print("error: give --api-key or --api-key-env, not both", file=sys.stderr)
+        return 2
+    api_key = ns.api_key
+    if ns.api_key_env is not None:
+        api_key = os.environ.get(ns.api_key_env, "")
+        if not api_key:
+            print(f"error: --api-key-env {ns.api_key_env}: that environment variable is not set "
+                  f"or empty", file=sys.stderr)
+            return 2
+    faults = FaultInjector(parse_faults([*profile.faults, *ns.fault]), normalized, ns.fault_seed)
+    if faults:
+        log.warning("fault injection on: %s", ", ".join(faults.describe()))
+    sim = SimServer(profile, args, boot, ns.noise_seed, faults=faults, api_key=api_key)
+    return asyncio.run(serve(sim, ns.host, ns.port))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.faults import parse_faults
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "seed-qwen35-122b"
@@ -159,6 +160,7 @@ class Profile:
     eos: Eos
     calibration: Calibration
     source: str = ""   # the file it came from (for messages)
+    faults: tuple[str, ...] = ()   # injected faults (see sim/faults.py); none in real profiles
 
 
 _SECTIONS: dict[str, type] = {
@@ -173,6 +175,7 @@ _SECTIONS: dict[str, type] = {
     "calibration": Calibration,
 }
 _TOP_KEYS = ("name", "description", "model_path")
+_OPTIONAL_KEYS = ("faults",)
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -208,9 +211,9 @@ def _load(path: Path) -> Profile:
 def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
     """Build a Profile from parsed TOML, validating every key (also used by tests and fits)."""
     where = f"profile {source}"
-    unknown = set(data) - set(_TOP_KEYS) - set(_SECTIONS)
+    unknown = set(data) - set(_TOP_KEYS) - set(_OPTIONAL_KEYS) - set(_SECTIONS)
     if unknown:
-        allowed = ", ".join([*_TOP_KEYS, *_SECTIONS])
+        allowed = ", ".join([*_TOP_KEYS, *_OPTIONAL_KEYS, *_SECTIONS])
         raise ConfigError(f"{where}: unknown key {min(unknown)!r}; allowed: {allowed}")
     top = {}
     for key in _TOP_KEYS:
@@ -224,7 +227,15 @@ def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: [{name}] = {table!r}: must be a table")
         sections[name] = _build_section(where, name, cls, table)
-    return Profile(**top, **sections, source=source)
+    faults = data.get("faults", [])
+    if not isinstance(faults, list) or not all(isinstance(f, str) for f in faults):
+        raise ConfigError(f"{where}: faults = {faults!r}: must be a list of fault specs "
+                          f"(strings, see specdecode_tune/sim/faults.py)")
+    try:
+        parse_faults(faults)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: faults: {e}") from None
+    return Profile(**top, **sections, source=source, faults=tuple(faults))
 
 
 def _build_section(where: str, section: str, cls: type, table: dict[str, Any]) -> Any:

@@ -113,6 +113,7 @@ class Scheduler:
         self.counters = Counters()
         self._wake = asyncio.Event()
         self._closed = False
+        self._frozen = False
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ handler side
@@ -171,6 +172,11 @@ class Scheduler:
         self.prefilling.clear()
         self.running.clear()
 
+    def freeze(self) -> None:
+        """Stop iterating, keeping every request where it is (an injected hang)."""
+        self._frozen = True
+        self._wake.set()
+
     @property
     def token_usage(self) -> float:
         used = sum(r.input_len + r.generated for r in self.running)
@@ -183,6 +189,8 @@ class Scheduler:
         next_t = loop.time()
         decode_iters, interval_start, interval_tokens, interval_verify = 0, loop.time(), 0, 0
         while not self._closed:
+            if self._frozen:
+                await asyncio.Event().wait()     # until the task is cancelled at shutdown
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
@@ -198,6 +206,8 @@ class Scheduler:
             await asyncio.sleep(max(0.0, next_t - loop.time()))
             if self._closed:
                 break
+            if self._frozen:
+                continue
             if admitted:
                 self._finish_prefill(admitted)
                 self.prefilling = []

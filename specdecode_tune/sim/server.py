@@ -4,12 +4,19 @@
 the start-up memory rules where SGLang hits them (after the weights load), then starts the
 scheduler. `make_app` wires the routes. Client disconnects cancel the handler (aiohttp's
 `handler_cancellation`), which aborts the request and frees its slot and KV. Errors are JSON:
-400 for a malformed body, 404 / 405 for unknown paths or methods, 503 while starting.
+400 for a malformed body, 401 without the API key (when one is set), 404 / 405 for unknown
+paths or methods, 503 while starting.
+
+With an API key (`--api-key` / `--api-key-env`), every path but `/health*` and `/metrics` needs
+`Authorization: Bearer <key>`, as SGLang's API-key middleware does. The key is never logged and
+never reported by `/server_info`. Injected faults (`faults.py`) hook into boot, request arrival
+and the streaming loop; without faults the hooks do nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -29,7 +36,8 @@ from specdecode_tune.sim.api import (
     parse_generate,
     parse_openai,
 )
-from specdecode_tune.sim.model import Facts, GiB, startup
+from specdecode_tune.sim.faults import FaultInjector
+from specdecode_tune.sim.model import Facts, GiB, StartupError, startup
 from specdecode_tune.sim.profile import Profile
 from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor
 
@@ -54,11 +62,15 @@ def _error(status: int, message: str) -> web.Response:
 class SimServer:
     """One boot of the simulated server: args, profile, and (once ready) facts and scheduler."""
 
-    def __init__(self, profile: Profile, args: dict[str, Any], boot_seconds: float, noise_seed: int | None) -> None:
+    def __init__(self, profile: Profile, args: dict[str, Any], boot_seconds: float,
+                 noise_seed: int | None, faults: FaultInjector | None = None,
+                 api_key: str | None = None) -> None:
         self.profile = profile
         self.args = args                      # server args, SGLang names
-        self.boot_seconds = boot_seconds
+        self.faults = faults if faults is not None else FaultInjector((), args)
+        self.boot_seconds = self.faults.boot_seconds(boot_seconds)
         self.noise_seed = noise_seed
+        self.api_key = api_key or None
         self.gpu_ids = gpu_ids_from_env()
         self.facts: Facts | None = None
         self.scheduler: Scheduler | None = None
@@ -72,6 +84,12 @@ class SimServer:
         """Sleep through the boot; raises StartupError where SGLang would fail (after weights load)."""
         fail_at = self.boot_seconds * self.profile.boot.fail_at_fraction
         await asyncio.sleep(fail_at)
+        injected = self.faults.startup_failure()
+        if injected is not None:
+            kind, message = injected
+            if kind == "oom":
+                raise StartupError("oom", message)
+            raise InjectedCrash(message)
         facts = startup(self.profile, self.args)
         log.info("max_total_num_tokens=%d, max_running_requests=%d, max_req_input_len=%d",
                  facts.max_total_num_tokens, facts.max_running_requests, facts.max_req_input_len)
@@ -81,6 +99,15 @@ class SimServer:
         self.facts = facts
         self.scheduler = Scheduler(self.profile, facts, self.args.get("random_seed"), factor, noise.getrandbits(64))
         self._task = asyncio.create_task(self.scheduler.run())
+        self.faults.on_hang = self.scheduler.freeze
+        slowdown = self.faults.slowdown()
+        if slowdown is not None:
+            asyncio.get_running_loop().call_later(slowdown[0], self._slow_down, slowdown[1])
+
+    def _slow_down(self, factor: float) -> None:
+        if self.scheduler is not None:
+            self.faults.note("slowdown-after", f"every iteration now takes {factor:g}x longer")
+            self.scheduler.speed_factor *= factor
 
     async def close(self) -> None:
         if self.scheduler is not None:
@@ -103,6 +130,7 @@ class SimServer:
             "profile": self.profile.name,
             "version": f"{__version__}-sim",
             "simulator": True,
+            "faults": self.faults.describe(),
             "internal_states": [
                 {
                     "avg_spec_accept_length": c.avg_accept_length,
@@ -126,6 +154,29 @@ class SimServer:
             "is_generation": True,
             "weight_version": "default",
         }
+
+
+class InjectedCrash(Exception):
+    """An injected crash during start-up (fault crash-at-start)."""
+
+
+# Paths SGLang's API-key middleware lets through without the key.
+_OPEN_PATHS = ("/health", "/metrics")
+
+
+def _guard(sim: SimServer) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Middleware: an injected hang holds every request; a set API key is required."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        await sim.faults.wait_if_hung()
+        if sim.api_key is not None and not request.path.startswith(_OPEN_PATHS):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {sim.api_key}".encode()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return guard
 
 
 @web.middleware
@@ -173,7 +224,10 @@ class Routes:
         return web.Response(text="Cache flushed.\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        text = metrics.render(self._scheduler(), self.sim.args["served_model_name"])
+        name = self.sim.args["served_model_name"]
+        text = metrics.render(self._scheduler(), name)
+        if self.sim.faults:
+            text += "\n".join(self.sim.faults.metrics_lines(f'model_name="{name}"')) + "\n"
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -209,6 +263,9 @@ class Routes:
     ) -> web.StreamResponse:
         """The one generation loop: submit, then a chunk per scheduler iteration (or one body)."""
         sched = self._scheduler()
+        faults = self.sim.faults
+        faults.on_request()
+        await faults.wait_if_hung()
         try:
             params = parse(await request.json())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -221,6 +278,7 @@ class Routes:
             return _error(400, str(e))
         fmt = make_format(req, params)
         resp: web.StreamResponse | None = None
+        drop_at = faults.drop_point(params.max_new_tokens) if params.stream else None
         try:
             if not params.stream:
                 ids: list[int] = []
@@ -230,19 +288,31 @@ class Routes:
                     ids += new
                 if req.aborted:
                     return _error(503, "The server is shutting down")
+                faults.on_request_done()
                 return web.json_response(fmt.full(ids))
             resp = web.StreamResponse(headers=SSE_HEADERS)
             await resp.prepare(request)
             done = False
             while not done:
                 new, done = await req.queue.get()
+                await faults.wait_if_hung()
                 if req.aborted:
                     break
                 payload = b"".join(
                     b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
                     for chunk in fmt.chunks(new, done)
                 )
+                payload, malformed = faults.maybe_malformed(payload)
                 await resp.write(payload + (b"data: [DONE]\n\n" if done else b""))
+                if malformed:
+                    faults.note("malformed-sse", f"request {req.rid}: a malformed event")
+                if drop_at is not None and not done and req.generated >= drop_at:
+                    faults.note("drop-midway", f"request {req.rid}: connection dropped "
+                                                f"after {req.generated} tokens")
+                    if request.transport is not None:
+                        request.transport.close()
+                    raise ConnectionResetError("fault drop-midway")
+            faults.on_request_done()
             return resp
         except ConnectionError:
             # The client went away mid-stream (the load generator cancels at window end).
@@ -253,7 +323,7 @@ class Routes:
 
 def make_app(sim: SimServer) -> web.Application:
     routes = Routes(sim)
-    app = web.Application(middlewares=[_json_errors])
+    app = web.Application(middlewares=[_guard(sim), _json_errors])
     for path in ("/health", "/health_generate"):
         app.router.add_get(path, routes.health)
     for path in ("/server_info", "/get_server_info"):
