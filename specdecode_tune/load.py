@@ -13,6 +13,8 @@ Layers, bottom up (one file, since each is small and only this module uses them)
   the window end, requests still streaming are cancelled (the connection is closed, so the
   server aborts them) and recorded with ``in_window=False`` and no error.
 - `summarize`: records -> `LevelSummary` (percentiles, acceptance, errors); pure, so testable.
+  A level with errors, or whose mean inter-chunk gap moved by more than `DRIFT_LIMIT`
+  between the halves of its window (the server's speed changed mid-level), is `suspect`.
 - `measure`: the synchronous facade the trial calls: one `aiohttp.ClientSession`, a warm-up,
   then each plan in order, with a callback after each level so the trial can checkpoint.
 
@@ -282,11 +284,16 @@ def _interpret_openai(
     elif choices is None:
         _check_error(obj)
     usage = obj.get("usage")
+    # llama-server puts its speculation counters (draft_n, draft_n_accepted) in a top-level
+    # `timings` object of the final chunk, beside `usage`.
+    timings = obj.get("timings")
     if not usage:
-        return has_text, None, None
+        return has_text, None, (dict(timings) if type(timings) is dict else None)
     if type(usage) is not dict:
         raise TypeError("usage is not an object")
     ct = usage.get("completion_tokens")
+    if type(timings) is dict:
+        usage = {**usage, **timings}
     # Only a chunk that carries text has a per-chunk cumulative count; a usage-only chunk is the
     # final total, kept as metadata to correct a 1-per-chunk count.
     return has_text, (ct if has_text and type(ct) is int else None), usage
@@ -698,10 +705,12 @@ def _records(
                 chunk_gaps=tuple(b - a for a, b in zip(times, times[1:])),
                 verify_ct=_first_int(meta, "spec_verify_ct"),
                 accepted_tokens=_first_int(
-                    meta, "spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num"
+                    meta, "spec_num_correct_drafts", "spec_accepted_drafts",
+                    "spec_accept_token_num", "draft_n_accepted",
                 ),
                 draft_tokens=_first_int(
-                    meta, "spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num"
+                    meta, "spec_num_proposed_drafts", "spec_proposed_drafts",
+                    "spec_draft_token_num", "draft_n",
                 ),
                 accept_histogram=(
                     tuple(hist) if isinstance(hist, list) and all(_is_int(h) for h in hist) else ()
@@ -802,6 +811,11 @@ def summarize(
         notes.append(f"{outside} failed outside the window")
     if window_s <= 0:
         notes.append("empty measurement window")
+    drift = gap_drift(records, plan.warmup_s, plan.warmup_s + window_s)
+    if drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT:
+        notes.append(f"mean inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
+                     f"from the first to the second half of the window: the server's speed "
+                     f"changed mid-level (clock throttling?)")
 
     tt, tp, it, ee = _p50_90_99(ttft), _p50_90_99(tpot), _p50_90_99(itl), _p50_90_99(e2e)
     return LevelSummary(
@@ -820,9 +834,49 @@ def summarize(
         e2e_p50=ee[0], e2e_p90=ee[1], e2e_p99=ee[2],
         accept_length=accept,
         accept_histogram=tuple(hist),
-        suspect=errors > 0 or window_s <= 0,
+        suspect=errors > 0 or window_s <= 0 or (drift is not None and not
+                                                 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT),
         note="; ".join(notes),
     )
+
+
+# A level whose mean inter-chunk gap changes by more than this factor between the halves of
+# its window measured two speeds, not one. In a steady closed loop the mean gap is the step
+# time over the tokens per chunk at a constant batch and stays within a few percent (checked on the simulator over
+# levels in lockstep, where chunk COUNTS per half swing 2x and could not be used).
+DRIFT_LIMIT = 1.5
+_DRIFT_MIN_GAPS = 20
+
+
+def gap_drift(records: Sequence[RequestRecord], w0: float, w1: float) -> float | None:
+    """Mean chunk gap in the second half of [w0, w1] over the mean in the first half
+    (times relative to the level start); None with fewer than 20 gaps in either half.
+
+    Every request that streamed contributes, whether it completed, failed or was cut: each gap
+    is a sample of the server's speed at the moment its chunk arrived."""
+    if w1 <= w0:
+        return None
+    mid = (w0 + w1) / 2
+    first: list[float] = []
+    second: list[float] = []
+    for r in records:
+        if r.ttft is None or not r.chunk_gaps:
+            continue
+        t = r.start + r.ttft
+        for g in r.chunk_gaps:
+            t += g
+            if w0 <= t < mid:
+                first.append(g)
+            elif mid <= t <= w1:
+                second.append(g)
+    if len(first) < _DRIFT_MIN_GAPS or len(second) < _DRIFT_MIN_GAPS:
+        return None
+    # Means, not medians: servers that stream one token per chunk (llama.cpp) send a verify
+    # step's tokens in a burst, so most gaps are ~0 and the median says nothing about speed.
+    a, b = sum(first) / len(first), sum(second) / len(second)
+    if a <= 0:
+        return None
+    return b / a
 
 
 # --------------------------------------------------------------------------------------------
@@ -880,8 +934,10 @@ def measure(
     warmup_requests: int = 2,
     on_level: Callable[[LevelSummary, list[RequestRecord]], None] | None = None,
     headers: Mapping[str, str] | None = None,
+    on_level_start: Callable[[LevelPlan], None] | None = None,
 ) -> list[tuple[LevelSummary, list[RequestRecord]]]:
-    """Warm up, then run each plan in order on one session; call `on_level` after each level.
+    """Warm up, then run each plan in order on one session; call `on_level` after each level
+    (and `on_level_start` just before it: the trial snapshots server counters there).
 
     `headers` go on every request (e.g. ``{"Authorization": f"Bearer {key}"}`` from an env var
     the caller reads); they are never logged. `workload_spec` may be any object with
@@ -892,7 +948,8 @@ def measure(
             **{f.name: getattr(workload_spec, f.name) for f in fields(WorkloadSpec)}
         )
     return asyncio.run(
-        _measure(base_url, Api.of(api), workload_spec, plans, warmup_requests, on_level, headers)
+        _measure(base_url, Api.of(api), workload_spec, plans, warmup_requests, on_level, headers,
+                 on_level_start)
     )
 
 
@@ -904,6 +961,7 @@ async def _measure(
     warmup_requests: int,
     on_level: Callable[[LevelSummary, list[RequestRecord]], None] | None,
     headers: Mapping[str, str] | None,
+    on_level_start: Callable[[LevelPlan], None] | None = None,
 ) -> list[tuple[LevelSummary, list[RequestRecord]]]:
     # Closed loops need one connection per worker; an open loop has no bound on requests in
     # flight, and a connector limit would queue them in the client, so it gets none (0).
@@ -914,14 +972,19 @@ async def _measure(
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0)
     session_timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0)
     results: list[tuple[LevelSummary, list[RequestRecord]]] = []
+    # The warm-up obeys the levels' request timeout: a server that hangs on its first requests
+    # must not hold the trial for warm_up's default.
+    warmup_timeout_s = max((p.request_timeout_s for p in plans), default=600.0)
     async with aiohttp.ClientSession(connector=connector, timeout=session_timeout) as session:
         await warm_up(
             session, base_url, api,
             make_prompts(spec, warmup_requests, stream=_WARMUP_STREAM), warmup_requests,
-            headers,
+            headers, timeout_s=warmup_timeout_s,
         )
         for i, plan in enumerate(plans):
             prompts: Iterator[Prompt] = iter_prompts(spec, stream=i)
+            if on_level_start is not None:
+                on_level_start(plan)
             summary, records = await run_level(session, base_url, api, prompts, plan, headers)
             results.append((summary, records))
             if on_level is not None:

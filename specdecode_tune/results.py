@@ -124,6 +124,7 @@ TRIALS_SCHEMA = _schema(_KEYS + [
     _f("jump_reason", pa.string()),       # set by the search's plateau-escape sampler
     _f("sampler", pa.string()),
     _f("node", pa.string()),              # host name where the trial ran
+    _f("node_id", pa.string()),           # Ray node id (tells raylets on one host apart)
     _f("started_at", _TS),
     _f("finished_at", _TS),
 ], "trials")
@@ -132,7 +133,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "requests": REQUESTS_SCHEMA, "levels": LEVELS_SCHEMA, "trials": TRIALS_SCHEMA}
 
 # Keys `write_trial(extra=...)` accepts: what the search knows and the trial result does not.
-TRIAL_EXTRA_KEYS = ("score", "jump_reason", "sampler", "node", "started_at", "finished_at")
+TRIAL_EXTRA_KEYS = ("score", "jump_reason", "sampler", "node", "node_id", "started_at",
+                    "finished_at")
 
 # Object stores: a put is atomic and a rename is a copy, so write the final name directly.
 _PUT_IS_ATOMIC = frozenset({"s3", "gcs", "abfs"})
@@ -315,6 +317,7 @@ def trials_table(result: TrialResult, *, extra: Mapping[str, Any] | None = None)
         "sampler": extra.get("sampler"),
         # The trial writes its own row, so by default the host writing is the host that ran it.
         "node": extra["node"] if "node" in extra else socket.gethostname(),
+        "node_id": extra.get("node_id"),
         "started_at": _timestamp("started_at", extra.get("started_at")),
         "finished_at": _timestamp("finished_at", extra.get("finished_at")),
     }

@@ -17,6 +17,7 @@ aside and starts over.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -31,13 +32,14 @@ from typing import Any, Sequence
 
 from . import results
 from .backends import get_backend
-from .config import Experiment, load_experiment
+from .config import SAMPLERS, Experiment, load_experiment
 from .errors import ConfigError
 from .objective import Robust, pareto_values, pct, scalar_score
 from .records import LevelSummary, ServerFacts, TrialResult
+from .samplers.model import BASELINE_ATTR, baseline_attr, measured_attr
 from .searcher import JUMP_KEY, REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
 from .server import reap_orphans
-from .space import BASELINE, DefineByRun
+from .space import BASELINE, DefineByRun, resolve
 from .trial import TrialContext, run_trial
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -107,6 +109,61 @@ def _check_backend(exp: Experiment) -> None:
                           f"backend.binary to its path")
 
 
+def _check_module(exp: Experiment) -> None:
+    """A backend launched as `python -m PKG...` needs PKG importable by this interpreter (the
+    one the trials use on a local cluster)."""
+    argv = get_backend(exp.backend.kind).argv(exp.backend, resolve(BASELINE, exp.backend.flags),
+                                              0)
+    if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m":
+        package = argv[2].split(".")[0]
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"backend.kind = {exp.backend.kind!r} runs python -m {argv[2]}, "
+                              f"but {package!r} is not installed for {sys.executable}: install "
+                              f"it or set backend.binary")
+
+
+def _check_sim(exp: Experiment) -> None:
+    """What the simulator would refuse at every boot: its profile, its flags (extra_args and
+    fixed flags included), an API-key variable it cannot read. Checked on the baseline's
+    command line, in-process, with the simulator's own parser and argument rules."""
+    from .sim.__main__ import build_parser, server_args
+    from .sim.model import StartupError, normalize_params
+    from .sim.profile import DEFAULT_PROFILE, load_profile
+
+    argv = get_backend("sim").argv(exp.backend, resolve(BASELINE, exp.backend.flags), 0)[3:]
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        ns, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(f"backend: the simulator refuses its arguments: {e}") from None
+    if unknown:
+        raise ConfigError(f"backend: the simulator does not know the argument(s) "
+                          f"{' '.join(unknown)} (from backend.flags or backend.extra_args)")
+    profile = load_profile(ns.profile or DEFAULT_PROFILE)
+    try:
+        normalize_params(profile, server_args(ns, profile.model_path))
+    except StartupError as e:
+        raise ConfigError(f"backend: the simulator refuses its arguments: "
+                          f"{e.message.removeprefix('error: ')}") from None
+    if ns.api_key_env is not None and not os.environ.get(ns.api_key_env):
+        raise ConfigError(f"backend.extra_args: --api-key-env {ns.api_key_env}: that "
+                          f"environment variable is not set or empty")
+
+
+def _check_resources(exp: Experiment) -> None:
+    """On a local cluster a trial that asks for more than the cluster has would wait forever."""
+    c, s = exp.cluster, exp.search
+    if c.num_gpus is not None and s.gpus_per_trial > c.num_gpus:
+        raise ConfigError(f"search.gpus_per_trial = {s.gpus_per_trial}: the local cluster has "
+                          f"[cluster] num_gpus = {c.num_gpus}; no trial could ever start")
+    cpus = c.num_cpus if c.num_cpus is not None else os.cpu_count()
+    if cpus is not None and s.cpus_per_trial > cpus:
+        where = "[cluster] num_cpus" if c.num_cpus is not None else "this machine's CPU count"
+        raise ConfigError(f"search.cpus_per_trial = {s.cpus_per_trial:g}: the local cluster has "
+                          f"{cpus} CPU(s) ({where}); no trial could ever start")
+
+
 def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     storage = args.storage or os.environ.get("SPECDECODE_STORAGE") or "runs"
     name = args.name or exp.name
@@ -130,8 +187,20 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
         run_dir = str(target.absolute())
         local_dir = target.absolute()
     _check_backend(exp)
+    name_var = exp.backend.api_key_env
+    if name_var and not os.environ.get(name_var):
+        raise ConfigError(f"backend.api_key_env = {name_var!r}: that environment variable is "
+                          f"not set or empty (export the API key in it)")
+    if exp.backend.kind == "sim":
+        _check_sim(exp)
     if args.address:
         _check_address(args.address)
+    else:
+        # A local cluster: the servers run on this machine, so their package and the
+        # cluster's resources can be checked here (a joined cluster's nodes may differ).
+        if not exp.backend.binary:
+            _check_module(exp)
+        _check_resources(exp)
     return RunPlan(exp=exp, run_dir=run_dir, local_dir=local_dir, storage=storage, name=name,
                    is_uri=is_uri)
 
@@ -155,7 +224,10 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
     if name == "plateau":
         from .samplers.plateau import PlateauEscapeSampler
         return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
-    raise ConfigError(f"--sampler {name!r}: must be one of plateau, tpe, nsga2, random")
+    if name == "model":
+        from .samplers.model import ModelGuidedSampler
+        return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed)
+    raise ConfigError(f"--sampler {name!r}: must be one of {', '.join(SAMPLERS)}")
 
 
 class _DefineByRunWithJump(DefineByRun):
@@ -242,7 +314,8 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     result = run_trial(exp, sampled, trial_ctx, done_levels=done,
                        done_facts=facts[-1] if facts else None, on_facts=facts.append,
                        on_level=on_level,
-                       extra={"jump_reason": config.get(JUMP_KEY), "sampler": exp.search.sampler},
+                       extra={"jump_reason": config.get(JUMP_KEY), "sampler": exp.search.sampler,
+                              "node_id": _node_id()},
                        scorer=scorer)
     feasible, value = score_of(exp, result, baseline)
     final: dict[str, Any] = {"feasible": feasible, "status": result.status,
@@ -256,6 +329,10 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
             final[m] = value[i] if feasible else (0.0 if mode == "max" else 1e9)
     else:
         final["score"] = value if feasible else INFEASIBLE_SCORE
+    # A JSON string, so Tune does not flatten it; the searcher hands it to Optuna.
+    final["measured"] = json.dumps(measured_attr(
+        status=result.status, reason=result.reason, params=result.params, facts=result.facts,
+        levels=result.levels))
     tune.report(final)
 
 
@@ -397,8 +474,16 @@ def dashboard_lines(ctx: Any) -> list[str]:
 
 def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:
     ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs", trial_id=BASELINE_ID)
-    return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline"},
+    return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline", "node_id": _node_id()},
                      scorer=lambda r: {"score": 0.0 if r.status == "ok" else None})
+
+
+def _node_id() -> str | None:
+    import ray
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray (tests calling the trainable directly)
+        return None
 
 
 def existing_baseline(run_dir: str) -> list[LevelSummary] | None:
@@ -469,6 +554,9 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         space=_DefineByRunWithJump(exp.space, exp.backend.flags), metric=metric, mode=mode,
         sampler=make_sampler(sampler_name, exp, seed), storage=journal,
         study_name=plan.name, points_to_evaluate=enqueue or None, seed=seed)
+    optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
+        levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
+        request_tokens=request_tokens(exp)))
     if pareto:
         search_alg: Any = optuna_search
         num_samples = max_trials
@@ -486,9 +574,30 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         run_config=tune.RunConfig(
             name=plan.name, storage_path=storage_path, verbose=0,
             callbacks=[Progress(exp, total)],
-            failure_config=tune.FailureConfig(max_failures=0),
+            # A trial whose node is lost is retried elsewhere from its last level checkpoint;
+            # expected failures never raise (they are results), so this retries only losses.
+            failure_config=tune.FailureConfig(max_failures=2),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
+
+
+def baseline_facts(run_dir: str) -> dict[str, Any] | None:
+    """The baseline trial's row (it holds max_total_num_tokens and max_running_requests)."""
+    rows = [r for r in results.read_tables(run_dir).trials.to_pylist()
+            if r["trial_id"] == BASELINE_ID and r["status"] == "ok"]
+    return rows[-1] if rows else None
+
+
+def request_tokens(exp: Experiment) -> float | None:
+    """Mean KV tokens one request holds (input + output), for random workloads."""
+    w = exp.workload
+    if w.kind != "random":
+        return None
+
+    def mean(x: int | tuple[int, int]) -> float:
+        return sum(x) / 2 if isinstance(x, tuple) else float(x)
+
+    return mean(w.input_len) + mean(w.output_len)
 
 
 def _pareto_modes(exp: Experiment) -> list[str]:
@@ -594,7 +703,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--fresh", action="store_true",
                    help="move an existing run dir aside and start over")
     ap.add_argument("--sampler", default=None,
-                    help="plateau | tpe | nsga2 | random (default: the experiment's)")
+                    help="plateau | tpe | nsga2 | random | model (default: the experiment's)")
     ap.add_argument("--seed", type=int, default=None, help="sampler seed")
     return ap.parse_args(argv)
 
@@ -610,10 +719,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         exp = load_experiment(path)
         if args.max_trials is not None and args.max_trials < 1:
             raise ConfigError(f"--max-trials {args.max_trials}: must be >= 1")
-        if args.sampler is not None and args.sampler not in ("plateau", "tpe", "nsga2",
-                                                             "random"):
-            raise ConfigError(f"--sampler {args.sampler!r}: must be one of plateau, tpe, "
-                              f"nsga2, random")
+        if args.sampler is not None and args.sampler not in SAMPLERS:
+            raise ConfigError(f"--sampler {args.sampler!r}: must be one of "
+                              f"{', '.join(SAMPLERS)}")
         plan = plan_run(exp, args)
         from ray import tune
         exists = tune.Tuner.can_restore(f"{plan.run_dir}") if not args.fresh else False

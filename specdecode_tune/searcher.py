@@ -44,6 +44,9 @@ class SpecOptunaSearch(OptunaSearch):
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and result is not None and "feasible" in result:
             ot_trial.set_constraint("feasible", 0.0 if result["feasible"] else 1.0)
+        if ot_trial is not None and result is not None and result.get("measured"):
+            # What the trial measured, for samplers that learn from more than the score.
+            ot_trial.set_user_attr("measured", json.loads(result["measured"]))
         super().on_trial_complete(trial_id, result, error)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

@@ -5,6 +5,10 @@
 that refuses the config at start-up (OOM, not enough KV memory, invalid arguments) gives a
 result with status "infeasible" and the reason; a point the rules refuse is "pruned" without a
 boot; a server that dies or hangs mid-run gives "failed", keeping every level finished before.
+
+After each level the trial checks that the server is still alive and still answers its health
+path (within `HEALTH_PROBE_S`): a level during which it died or hung is kept, marked suspect,
+and the trial ends there, since the levels after it would only measure a dead server.
 """
 
 from __future__ import annotations
@@ -21,19 +25,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import results
+from . import results, telemetry
 from .backends import get_backend
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import LevelPlan, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
-from .server import ServerProcess
+from .server import ServerProcess, _http_status
 from .space import invalid_reason, resolve
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
 INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
 
 LevelCallback = Callable[[LevelSummary, Sequence[RequestRecord]], None]
+
+# How long a server may take to answer its health path after a level before it counts as hung.
+HEALTH_PROBE_S = 5.0
+
+
+class _ServerGone(Exception):
+    """The server died or stopped answering during a level: stop measuring, keep what is done."""
+
+
+def _answers(url: str, timeout_s: float) -> bool:
+    """True once GET `url` answers 200 within `timeout_s` (retried: a busy server may say 503).
+    The GET is the readiness probe's own (loopback, no proxy)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if _http_status(url, remaining) == 200:
+            return True
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 @dataclass(frozen=True)
@@ -90,6 +114,7 @@ def run_trial(
     `on_level` let the caller checkpoint them. `scorer(result)` may add columns (the search's
     score) to the trial's row."""
     t0 = time.monotonic()
+    started_at = time.time()
     params = resolve(sampled, exp.backend.flags)
     finished: list[LevelSummary] = list(done_levels)
 
@@ -99,7 +124,8 @@ def run_trial(
             facts=facts or ServerFacts(), levels=tuple(finished),
             wall_s=time.monotonic() - t0, repeat=ctx.repeat,
             suspect=any(s.suspect for s in finished))
-        columns = {"node": socket.gethostname(), **(extra or {})}
+        columns = {"node": socket.gethostname(), "started_at": started_at,
+                   "finished_at": time.time(), **(extra or {})}
         if scorer is not None:
             columns.update(scorer(result))
         results.write_trial(ctx.run_dir, result, extra=columns)
@@ -117,7 +143,7 @@ def run_trial(
 
     backend = get_backend(exp.backend.kind)
     argv = backend.argv(exp.backend, params, "{port}")
-    env = {**os.environ, **backend.env(exp.backend)}
+    env = {**os.environ, **backend.env(exp.backend, run_dir=str(ctx.local_dir))}
     ctx.local_dir.mkdir(parents=True, exist_ok=True)
     facts = ServerFacts()
     try:
@@ -130,11 +156,33 @@ def run_trial(
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
-            limit = facts.max_running_requests
+            # vLLM does not report its running limit: then the flag we set is the limit.
+            limit = facts.max_running_requests or params.get("max_running_requests")
             if on_facts is not None:
                 on_facts(facts)
+            # GPU telemetry of exactly this trial's GPUs, one window per level (records
+            # nothing, and says so once, where there is no NVML or no GPU).
+            sampler = telemetry.TelemetrySampler(
+                env.get("CUDA_VISIBLE_DEVICES"), own_pids=lambda: telemetry.server_pids(srv.pid),
+                rules=telemetry.SuspectRules(warmup_s=exp.measure.warmup_s))
+            counters: list[Any] = []      # the server's counters when the level started
+
+            def level_start(_plan: LevelPlan) -> None:
+                sampler.cut()             # the warm-up and the pause between levels: dropped
+                counters[:] = [backend.metrics_snapshot(srv.base_url)]
 
             def record(summary: LevelSummary, records: Sequence[RequestRecord]) -> None:
+                tele = sampler.cut()
+                summary = telemetry.merge_level(summary, tele)
+                if summary.accept_length is None and counters:
+                    # Servers that give no per-request verify counts (vLLM, llama.cpp): the
+                    # acceptance of the level from their counters' deltas.
+                    acc, hist = backend.window_acceptance(
+                        counters[0], backend.metrics_snapshot(srv.base_url))
+                    if acc is not None:
+                        summary = dataclasses.replace(
+                            summary, accept_length=acc,
+                            accept_histogram=hist or summary.accept_histogram)
                 over = limit is not None and summary.mode == "closed" \
                     and summary.concurrency > limit
                 note = summary.note
@@ -142,21 +190,40 @@ def run_trial(
                     note = (note + "; " if note else "") + \
                         f"concurrency {summary.concurrency} > running limit {limit}: queueing"
                 alive = srv.alive()
+                probe_s = min(HEALTH_PROBE_S, exp.measure.request_timeout_s)
+                answering = alive and _answers(srv.base_url + backend.health_path, probe_s)
                 if not alive:
                     note = (note + "; " if note else "") + "server died during the level"
+                elif not answering:
+                    note = (note + "; " if note else "") + "server stopped answering"
                 summary = dataclasses.replace(
                     summary, over_running_limit=over, note=note,
-                    suspect=summary.suspect or summary.errors > 0 or not alive)
+                    suspect=summary.suspect or summary.errors > 0 or not answering)
                 results.write_level(ctx.run_dir, ctx.trial_id, summary, records,
                                     params=params, repeat=ctx.repeat)
+                results.write_telemetry(ctx.run_dir, ctx.trial_id, results.level_tag(summary),
+                                        tele.samples)
                 finished.append(summary)
                 if on_level is not None:
                     on_level(summary, records)
+                if not alive:
+                    raise _ServerGone(f"server exited during the run: "
+                                      f"{_last_line(srv.log_tail(4000))}")
+                if not answering:
+                    level = f"C={summary.concurrency}" if summary.mode == "closed" \
+                        else f"{summary.rate:g} req/s"
+                    raise _ServerGone(f"server hung: no answer from {backend.health_path} "
+                                      f"within {probe_s:g} s after the level {level}")
 
             if plans:
-                measure(srv.base_url, exp.backend.api, exp.workload, plans,
-                        warmup_requests=exp.measure.warmup_requests, on_level=record,
-                        headers=api_headers(exp))
+                try:
+                    with sampler:
+                        measure(srv.base_url, exp.backend.api, exp.workload, plans,
+                                warmup_requests=exp.measure.warmup_requests, on_level=record,
+                                headers={**api_headers(exp), **backend.request_headers},
+                                on_level_start=level_start)
+                except _ServerGone as gone:
+                    return finish("failed", str(gone), facts)
             if not srv.alive():
                 return finish("failed", f"server exited during the run: "
                                         f"{_last_line(srv.log_tail(4000))}", facts)

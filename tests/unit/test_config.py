@@ -86,7 +86,7 @@ BAD = [
     ('profile = "seed-qwen35-122b"', "profile = 3", ["backend.profile", "a string"]),
     ('kind = "sim"', 'kind = "sglang"\nmodel_path = "m"', ["backend.profile", "only allowed"]),
     ('[backend]\nkind = "sim"', '[backend]\nkind = "sim"\n[backend]', ["TOML syntax error"]),
-    ("[search]", '[search]\nsampler = "grid"', ["search.sampler", "plateau, tpe, nsga2, random"]),
+    ("[search]", '[search]\nsampler = "grid"', ["search.sampler", "plateau, tpe, nsga2, random, model"]),
     ("[search]", "[search]\nnoise_band = 1.5", ["search.noise_band", "[0, 1]"]),
     ("type = \"int\"\nlow = 2", "type = \"float\"\nlow = 2", ["speculative_num_draft_tokens", "use int or categorical"]),
     ("high = 10", "high = 100", ["speculative_num_steps", "[0, 64]"]),
