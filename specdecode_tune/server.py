@@ -249,7 +249,7 @@ def _proc_cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _pid_running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
@@ -373,7 +373,7 @@ def _cmdline_matches(cmdline: Sequence[str], argv0: str) -> bool:
 
 def _owner_alive(record: Mapping[str, Any]) -> bool:
     pid = record.get("owner_pid")
-    if not isinstance(pid, int) or not _pid_running(pid):
+    if not isinstance(pid, int) or not pid_running(pid):
         return False
     start = record.get("owner_start")
     return start is None or _proc_start_ticks(pid) == start
@@ -416,7 +416,7 @@ def reap_orphans(directory: str | os.PathLike[str], *, grace_s: float = 5.0) -> 
         if _owner_alive(record):
             continue                      # a live run's server, not an orphan
         start = record.get("proc_start")
-        if _pid_running(pid):
+        if pid_running(pid):
             cmdline = _proc_cmdline(pid) or []
             same = _cmdline_matches(cmdline, argv0) and \
                 (start is None or _proc_start_ticks(pid) == start)

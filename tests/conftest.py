@@ -10,6 +10,8 @@ from typing import Iterable
 
 import pytest
 
+from specdecode_tune.server import pid_running
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 PYTHON = sys.executable
@@ -24,17 +26,7 @@ def pick_free_port() -> int:
 
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    return pid_running(pid)
 
 
 @pytest.fixture

@@ -61,6 +61,8 @@ from optuna.samplers import BaseSampler, TPESampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from ..objective import pct
+
 NOISE_BAND_ATTR = "noise_band"        # study user attr written by the search (measured band)
 EVENTS_ATTR = "plateau_events"        # study user attr: list of jump events (JSON)
 JUMP_REASON_ATTR = "jump_reason"      # trial user attr: why this trial is a jump (a sentence)
@@ -565,7 +567,7 @@ def _resolve(
     sign = -1.0 if event["study_direction"] == "minimize" else 1.0
     delta = sign * (float(value) - event["incumbent_value"])
     event["delta"] = delta
-    tail = f"probe at {axis}={to}: {_pct(delta)} (noise band +-{band:.1%})"
+    tail = f"probe at {axis}={to}: {pct(delta)} (noise band +-{band:.1%})"
     if delta < -band:
         event["outcome"] = "peak"
         event["verdict"] = f"{where} is a peak; {tail}"
@@ -676,11 +678,6 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
-def _pct(diff: float) -> str:
-    # The search's scores are log-speedups: a difference d is a ratio of exp(d).
-    return f"{math.expm1(diff):+.1%}"
-
-
 def _describe(dist: BaseDistribution) -> str:
     if isinstance(dist, CategoricalDistribution):
         return f"{list(dist.choices)}"
@@ -691,7 +688,7 @@ def _reason(p: _Plateau, band: float) -> str:
     where = "jumping to" if p.direction == "up" else "jumping down to"
     return (
         f"plateau on {p.axis}: {_fmt(p.plateau_from)} -> {_fmt(p.plateau_to)} gained "
-        f"{_pct(p.gain)} (noise band +-{band:.1%}); {where} {_fmt(p.jump_to)}"
+        f"{pct(p.gain)} (noise band +-{band:.1%}); {where} {_fmt(p.jump_to)}"
     )
 
 
