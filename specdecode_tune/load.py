@@ -13,7 +13,7 @@ Layers, bottom up (one file, since each is small and only this module uses them)
   the window end, requests still streaming are cancelled (the connection is closed, so the
   server aborts them) and recorded with ``in_window=False`` and no error.
 - `summarize`: records -> `LevelSummary` (percentiles, acceptance, errors); pure, so testable.
-  A level with errors, or whose mean inter-chunk gap moved by more than `DRIFT_LIMIT`
+  A level with errors, or whose median inter-chunk gap moved by more than `DRIFT_LIMIT`
   between the halves of its window (the server's speed changed mid-level), is `suspect`.
 - `measure`: the synchronous facade the trial calls: one `aiohttp.ClientSession`, a warm-up,
   then each plan in order, with a callback after each level so the trial can checkpoint.
@@ -813,7 +813,7 @@ def summarize(
         notes.append("empty measurement window")
     drift = gap_drift(records, plan.warmup_s, plan.warmup_s + window_s)
     if drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT:
-        notes.append(f"mean inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
+        notes.append(f"median inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
                      f"from the first to the second half of the window: the server's speed "
                      f"changed mid-level (clock throttling?)")
 
@@ -840,16 +840,17 @@ def summarize(
     )
 
 
-# A level whose mean inter-chunk gap changes by more than this factor between the halves of
-# its window measured two speeds, not one. In a steady closed loop the mean gap is the step
-# time over the tokens per chunk at a constant batch and stays within a few percent (checked on the simulator over
+# A level whose median inter-chunk gap changes by more than this factor between the halves of
+# its window measured two speeds, not one. In a steady closed loop the median gap is the step
+# time at a constant batch and stays within a few percent (checked on the simulator over
 # levels in lockstep, where chunk COUNTS per half swing 2x and could not be used).
 DRIFT_LIMIT = 1.5
 _DRIFT_MIN_GAPS = 20
+_DRIFT_MIN_GAP_S = 1e-3
 
 
 def gap_drift(records: Sequence[RequestRecord], w0: float, w1: float) -> float | None:
-    """Mean chunk gap in the second half of [w0, w1] over the mean in the first half
+    """Median chunk gap in the second half of [w0, w1] over the median in the first half
     (times relative to the level start); None with fewer than 20 gaps in either half.
 
     Every request that streamed contributes, whether it completed, failed or was cut: each gap
@@ -871,10 +872,10 @@ def gap_drift(records: Sequence[RequestRecord], w0: float, w1: float) -> float |
                 second.append(g)
     if len(first) < _DRIFT_MIN_GAPS or len(second) < _DRIFT_MIN_GAPS:
         return None
-    # Means, not medians: servers that stream one token per chunk (llama.cpp) send a verify
-    # step's tokens in a burst, so most gaps are ~0 and the median says nothing about speed.
-    a, b = sum(first) / len(first), sum(second) / len(second)
-    if a <= 0:
+    a, b = percentile(first, 50), percentile(second, 50)
+    # Servers that stream one token per chunk (llama.cpp) send a verify step's tokens in a
+    # burst: most gaps are ~0 and the median says nothing about speed; no verdict then.
+    if a is None or b is None or min(a, b) < _DRIFT_MIN_GAP_S:
         return None
     return b / a
 

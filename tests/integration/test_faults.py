@@ -261,7 +261,7 @@ def test_slowdown_midway_is_flagged_by_the_level_itself(tmp_path: Path, servers:
     assert injected(log, "slowdown-after") == 1
     (lv,) = result.levels
     assert lv.errors == 0
-    assert lv.suspect and "mean inter-chunk gap rose" in lv.note, lv.note
+    assert lv.suspect and "median inter-chunk gap rose" in lv.note, lv.note
     assert_tables_hold(result, tables)
     assert_gone(servers)
 
