@@ -583,6 +583,17 @@ class ServerProcess:
         """True while the server's leader process runs."""
         return self._proc is not None and self._proc.poll() is None
 
+    def answers(self, timeout_s: float) -> bool:
+        """True once the health path answers 200 within `timeout_s`: the readiness probe,
+        asked again after boot (retried: a busy server may say 503 for a moment)."""
+        url = self.base_url + self.health_path
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            if _http_status(url, remaining) == 200:
+                return True
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return False
+
     def log_tail(self, n_bytes: int = 16384) -> str:
         """The last `n_bytes` of this start's log output (earlier starts appended to the same
         file are not included)."""

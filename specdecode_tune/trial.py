@@ -31,7 +31,7 @@ from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import LevelPlan, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
-from .server import ServerProcess, _http_status
+from .server import ServerProcess
 from .space import invalid_reason, resolve
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
@@ -45,19 +45,6 @@ HEALTH_PROBE_S = 5.0
 
 class _ServerGone(Exception):
     """The server died or stopped answering during a level: stop measuring, keep what is done."""
-
-
-def _answers(url: str, timeout_s: float) -> bool:
-    """True once GET `url` answers 200 within `timeout_s` (retried: a busy server may say 503).
-    The GET is the readiness probe's own (loopback, no proxy)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        if _http_status(url, remaining) == 200:
-            return True
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 @dataclass(frozen=True)
@@ -191,7 +178,7 @@ def run_trial(
                         f"concurrency {summary.concurrency} > running limit {limit}: queueing"
                 alive = srv.alive()
                 probe_s = min(HEALTH_PROBE_S, exp.measure.request_timeout_s)
-                answering = alive and _answers(srv.base_url + backend.health_path, probe_s)
+                answering = alive and srv.answers(probe_s)
                 if not alive:
                     note = (note + "; " if note else "") + "server died during the level"
                 elif not answering:
