@@ -487,12 +487,10 @@ def _node_id() -> str | None:
 
 
 def existing_baseline(run_dir: str) -> list[LevelSummary] | None:
-    tables = results.read_tables(run_dir)
-    rows = [r for r in tables.trials.to_pylist()
-            if r["trial_id"] == BASELINE_ID and r["status"] == "ok"]
-    if not rows:
+    if baseline_facts(run_dir) is None:
         return None
-    mine = [s for tid, s in results.level_summaries(tables.levels) if tid == BASELINE_ID]
+    levels = results.read_table(run_dir, "levels")
+    mine = [s for tid, s in results.level_summaries(levels) if tid == BASELINE_ID]
     return mine or None
 
 
@@ -583,7 +581,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
 
 def baseline_facts(run_dir: str) -> dict[str, Any] | None:
     """The baseline trial's row (it holds max_total_num_tokens and max_running_requests)."""
-    rows = [r for r in results.read_tables(run_dir).trials.to_pylist()
+    rows = [r for r in results.read_table(run_dir, "trials").to_pylist()
             if r["trial_id"] == BASELINE_ID and r["status"] == "ok"]
     return rows[-1] if rows else None
 
@@ -640,8 +638,9 @@ def _move_aside(plan: RunPlan) -> str | None:
 
 
 def summarize(plan: RunPlan, baseline: list[LevelSummary]) -> list[str]:
-    tables = results.read_tables(plan.run_dir)
-    trials = [r for r in tables.trials.to_pylist() if r["trial_id"] != BASELINE_ID]
+    # Trials and levels only: the requests table (a row per request) is not needed here.
+    trials = [r for r in results.read_table(plan.run_dir, "trials").to_pylist()
+              if r["trial_id"] != BASELINE_ID]
     by_key: dict[str, list[dict]] = {}
     for r in trials:
         by_key.setdefault(r["config_key"], []).append(r)
@@ -660,7 +659,7 @@ def summarize(plan: RunPlan, baseline: list[LevelSummary]) -> list[str]:
     ranked.sort(key=lambda x: x[0].score, reverse=True)
     best, key, rows = ranked[0]
     params = json.loads(rows[0]["params_json"])
-    levels = [s for tid, s in results.level_summaries(tables.levels)
+    levels = [s for tid, s in results.level_summaries(results.read_table(plan.run_dir, "levels"))
               if tid in {r["trial_id"] for r in rows}]
     base = {s.concurrency: s for s in baseline if s.mode == "closed"}
     lines.append(f"best config, per level (median of {best.n} measurement(s)) against the "
