@@ -9,6 +9,10 @@ boot; a server that dies or hangs mid-run gives "failed", keeping every level fi
 After each level the trial checks that the server is still alive and still answers its health
 path (within `HEALTH_PROBE_S`): a level during which it died or hung is kept, marked suspect,
 and the trial ends there, since the levels after it would only measure a dead server.
+
+Before that check, the trial waits (up to `DRAIN_S`) until the server runs and queues no
+request: the requests cut at the level's end go on in the server until it sees the closed
+connection, and their work must neither count in the next level's counters nor load its start.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import results, telemetry
-from .backends import get_backend
+from .backends import get_backend, speccounters
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import LevelPlan, measure
@@ -41,6 +45,21 @@ LevelCallback = Callable[[LevelSummary, Sequence[RequestRecord]], None]
 
 # How long a server may take to answer its health path after a level before it counts as hung.
 HEALTH_PROBE_S = 5.0
+# How long a level's end waits for the server to finish or abort the requests it still has.
+DRAIN_S = 30.0
+DRAIN_POLL_S = 0.02
+
+
+def drain(busy: Callable[[], int | None], limit_s: float) -> tuple[int, float]:
+    """Wait until `busy()` (the server's running + queued requests, None where it cannot
+    tell) is 0 or None, for at most `limit_s`. Returns (requests left, seconds waited)."""
+    t0 = time.monotonic()
+    while True:
+        left = busy() or 0
+        waited = time.monotonic() - t0
+        if left == 0 or waited >= limit_s:
+            return left, waited
+        time.sleep(min(DRAIN_POLL_S, limit_s - waited))
 
 
 class _ServerGone(Exception):
@@ -161,6 +180,13 @@ def run_trial(
             def record(summary: LevelSummary, records: Sequence[RequestRecord]) -> None:
                 tele = sampler.cut()
                 summary = telemetry.merge_level(summary, tele)
+                left, waited = drain(
+                    lambda: speccounters.in_flight(srv.base_url, backend.busy_gauges),
+                    min(DRAIN_S, exp.measure.request_timeout_s))
+                if left:
+                    summary = dataclasses.replace(summary, note=(
+                        summary.note + "; " if summary.note else "") + (
+                        f"server still had {left} request(s) {waited:.0f} s after the level"))
                 if summary.accept_length is None and counters:
                     # Servers that give no per-request verify counts (vLLM, llama.cpp): the
                     # acceptance of the level from their counters' deltas.

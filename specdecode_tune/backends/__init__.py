@@ -23,6 +23,9 @@ class Backend(Protocol):
     health_path: str
     # Sent on every load request (llama.cpp: "Connection: close", see its backend).
     request_headers: ClassVar[Mapping[str, str]]
+    # The /metrics gauges whose sum is the requests the server is running or queueing: a level
+    # ends by waiting for them to reach 0 (see `speccounters.in_flight`).
+    busy_gauges: ClassVar[tuple[str, ...]]
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
         """The server's command line for these resolved parameters on this port."""

@@ -53,6 +53,7 @@ class SGLangBackend:
     name = "sglang"
     health_path = "/health"
     request_headers: ClassVar[Mapping[str, str]] = {}
+    busy_gauges: ClassVar[tuple[str, ...]] = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     module = "sglang.launch_server"
 
     def program(self, cfg: BackendConfig) -> str:

@@ -16,6 +16,11 @@ requests the server worked on in between (warm-up excluded), unlike a lifetime a
 Steps in which the drafter proposed nothing (llama.cpp's n-gram drafter with no match, vLLM's
 n-gram proposer likewise) are not verify steps of a draft and are not counted: the figure is
 the acceptance of the drafts that were made.
+
+A level ends by cutting the requests still streaming, and the server goes on with them for a
+moment (until it sees the closed connection). The trial waits for `in_flight` to reach 0 before
+it takes the "after" snapshot, so the steps of those requests count in their own level and
+never in the next one's.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import http.client
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .. import promtext
 
@@ -92,3 +97,15 @@ def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None
             per_pos[pos] = round(delta)
     hist = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
     return 1.0 + d_accepted / d_drafts, hist
+
+
+def in_flight(base_url: str, gauges: Sequence[str], timeout_s: float = 5.0) -> int | None:
+    """The requests the server is running or queueing now: the sum of its `gauges` on
+    /metrics, or None when /metrics cannot be read or has none of them."""
+    try:
+        samples = promtext.parse(get_text(base_url + "/metrics", timeout_s))
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        return None
+    wanted = set(gauges)
+    values = [s.value for s in samples if s.name in wanted]
+    return round(sum(values)) if values else None

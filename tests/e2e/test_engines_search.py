@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -234,13 +235,22 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
     data = collect(run_dir)
     concs = [1, 4]
     explored = common_checks(data, concs)
+    out_len = tomllib.loads((EXPERIMENTS / "vllm-cpu.toml").read_text())["workload"]["output_len"]
 
     # vLLM gives no per-request verify counts; the level's figures come only from its /metrics
     # counters: L = 1 + d(accepted) / d(drafts), histogram = d(per_pos), sum = d(accepted).
     # The client's own view checks them: vLLM streams one chunk per engine step of a request,
     # and a step emits its accepted draft tokens plus one (the first chunk: prefill's token), so
-    # per request accepted = output tokens - chunks. vLLM counts a step when it runs, so the
-    # level's requests all count, the ones cut at the window's end included.
+    # per request accepted = output tokens - chunks. The counters see more than the client, by
+    # a bounded amount:
+    # - vLLM counts a step's accepted drafts before it cuts the output at max_tokens, so each
+    #   request that ended adds up to K the client never gets (measured: 4.1 a request at K=10
+    #   over 64 requests at C=1, and 3.9 over 97 at C=4);
+    # - a request cut at the window's end may run a few steps more before vLLM sees the closed
+    #   connection; the trial waits for the server to drain before its "after" snapshot, so
+    #   those steps count here (allowed: 4 steps of K per cut request) and never in the next
+    #   level.
+    # The client may see slightly more (a chunk carrying two steps): 2 %.
     checks: dict[tuple[str, int], str] = {}
     bad: list[Any] = []
     for tr in explored:
@@ -252,14 +262,19 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
             out_tokens = sum(r["output_tokens"] for r in rows)
             chunks = sum(len(r["chunk_gaps"]) + 1 for r in rows if r["output_tokens"] > 0)
             client_accepted = out_tokens - chunks
-            checks[(tr["trial_id"], c)] = (f"C={c}: acc ctr={sum(hist)} client={client_accepted}"
-                                           f" out={out_tokens} chunks={chunks}")
+            cut = sum(1 for r in rows if r["output_tokens"] < out_len)
+            ended = len(rows) - cut
+            over = sum(hist) - client_accepted
+            allowed = k * (ended + 4 * cut)
+            checks[(tr["trial_id"], c)] = (
+                f"C={c}: acc ctr={sum(hist)} client={client_accepted} (+{over} <= {allowed}:"
+                f" {ended} ended, {cut} cut)")
             if not (length is not None and 1.0 < length <= k + 1 + 1e-9):
                 bad.append(("length", k, c, length))
             if not (len(hist) == k and all(a >= b for a, b in itertools.pairwise(hist))):
                 bad.append(("histogram", k, c, hist))
-            if abs(client_accepted - sum(hist)) > 0.05 * sum(hist):
-                bad.append(("accepted", k, c, sum(hist), client_accepted))
+            if not -0.02 * sum(hist) <= over <= allowed:
+                bad.append(("accepted", k, c, sum(hist), client_accepted, allowed))
     print_table("vLLM (vllm-cpu, ngram)", data, concs, wall, checks)
     assert not bad, bad
     assert_draft_length_matters(data, conc=1, noise=0.10)

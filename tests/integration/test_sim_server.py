@@ -13,6 +13,10 @@ import aiohttp
 import pytest
 from simserver import health_status, run_sim, sim_log, stop
 
+from specdecode_tune.backends import SimBackend
+from specdecode_tune.backends.speccounters import in_flight
+from specdecode_tune.trial import drain
+
 SPEC4 = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5")
 FAST = ("--boot-time", "0.2", "--enable-metrics")
@@ -261,16 +265,18 @@ def test_client_disconnects_free_slots_and_kv() -> None:
             # cancelled after 0.3 s: 12 running and 8 still queued at that moment
             tasks = [asyncio.create_task(one(s, base, 10**6)) for _ in range(20)]
             await asyncio.sleep(0.3)
+            # what a trial's drain reads: running + queued, from SGLang's gauges
+            busy.append(await asyncio.to_thread(in_flight, base, SimBackend.busy_gauges))
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    busy: list[int | None] = []
     with run_sim(*SPEC4, *FAST) as (base, proc):
         asyncio.run(go(base))
-        deadline = time.monotonic() + 5
-        while _metric(base, "sglang:num_running_reqs") + _metric(base, "sglang:num_queue_reqs") > 0:
-            assert time.monotonic() < deadline, "aborted requests still hold slots"
-            time.sleep(0.05)
+        left, waited = drain(lambda: in_flight(base, SimBackend.busy_gauges), 5.0)
+        assert busy == [20]
+        assert left == 0, f"aborted requests still hold slots after {waited:.1f} s"
         assert _metric(base, "sglang:token_usage") == 0.0
         assert _metric(base, "sglang:num_aborted_requests_total") == 40
         status, out = _post(base + "/generate", {"text": "after", "sampling_params": {"max_new_tokens": 4}})

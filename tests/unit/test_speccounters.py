@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import pick_free_port
 
 from specdecode_tune import promtext
 from specdecode_tune.backends import get_backend
-from specdecode_tune.backends.speccounters import snapshot, window
+from specdecode_tune.backends.speccounters import in_flight, snapshot, window
+from specdecode_tune.trial import drain
 
 P = "vllm:"
 
@@ -70,3 +72,28 @@ def test_backends_use_their_own_prefix() -> None:
     # SGLang's acceptance comes per request: no window from counters
     assert get_backend("sglang").window_acceptance(before, after) == (None, ())
     assert get_backend("sim").metrics_snapshot("http://127.0.0.1:9") is None
+
+
+def test_drain_waits_until_the_server_is_idle_and_no_longer() -> None:
+    seen = iter([3, 2, 0, 5])
+    calls: list[int] = []
+
+    def busy() -> int:
+        calls.append(1)
+        return next(seen)
+    left, waited = drain(busy, 5.0)
+    assert (left, len(calls)) == (0, 3)
+    assert waited < 1.0
+
+
+def test_drain_gives_up_at_its_limit_and_says_how_many_are_left() -> None:
+    left, waited = drain(lambda: 2, 0.1)
+    assert left == 2 and 0.1 <= waited < 1.0
+
+
+def test_drain_does_not_wait_where_the_server_cannot_tell() -> None:
+    assert drain(lambda: None, 5.0)[0] == 0
+
+
+def test_in_flight_is_none_without_a_metrics_endpoint() -> None:
+    assert in_flight(f"http://127.0.0.1:{pick_free_port()}", ("x",), timeout_s=1.0) is None
