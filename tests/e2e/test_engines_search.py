@@ -192,21 +192,30 @@ def test_search_against_real_llama_server(tmp_path: Path, tagged_env: dict) -> N
     # deltas over the level (speccounters.window):
     #     accept_length L = 1 + d(accepted) / d(drafts)      (drafts = draft steps)
     #     accept_histogram = d(per_pos), so sum(histogram) = d(accepted)
-    # llama.cpp adds a request's counts when it finishes or is cut; a request cut at the window's
-    # end has no final timings in its stream (seen once: counters 4730 vs requests 4550 at
-    # K = 24, C = 4). So, within 5%:
-    #     sum(histogram) ~= sum over the level's requests of draft_n_accepted
+    # llama.cpp adds a request's counts when it finishes or is cut. A request cut at the
+    # window's end has no final timings in its stream, but the trial waits for the server to
+    # drain before it reads the counters, so what such a request accepted before the cut counts
+    # in its level: at most the tokens it streamed, plus the step it was in and one more before
+    # llama.cpp saw the closed connection (2K). So, with T = the requests that have timings and
+    # X = those cut without:
+    #     sum over T of draft_n_accepted <= sum(histogram) <= that + sum over X of (tokens + 2K)
+    # (exact when nothing was cut, as seen on every level without a cut request).
     # d(drafts) is in no table: each draft holds 1..K tokens (ngram-simple drafts up to K, fewer
-    # when the match has fewer tokens after it: ~8 a draft at K = 14 was seen), so
-    #     sum(draft_n) / K <= d(drafts) = d(accepted) / (L - 1) <= sum(draft_n)
+    # when the match has fewer tokens after it: ~8 a draft at K = 14 was seen), and each draft
+    # step of a cut request streamed at least one token, so
+    #     sum(draft_n) / K <= d(drafts) = d(accepted) / (L - 1) <= sum(draft_n) + that bound
+    # (seen at K = 18, C = 4: 4 cut requests that streamed 422 tokens; counters 4428 against
+    # 4118 for the requests with timings.)
     checks: dict[tuple[str, int], str] = {}
     compared = 0
     for tr in explored:
         k = steps_of(tr)
         for c in concs:
             lv = data["levels"][(tr["trial_id"], c)]
-            rows = [r for r in level_requests(data, tr["trial_id"], c)
-                    if r["error"] is None and r["draft_tokens"] is not None]
+            ok = [r for r in level_requests(data, tr["trial_id"], c) if r["error"] is None]
+            rows = [r for r in ok if r["draft_tokens"] is not None]
+            cut = [r for r in ok if r["draft_tokens"] is None]
+            cut_room = sum(r["output_tokens"] + 2 * k for r in cut)
             drafted = sum(r["draft_tokens"] for r in rows)
             accepted = sum(r["accepted_tokens"] or 0 for r in rows)
             length, hist = lv["accept_length"], lv["accept_histogram"]
@@ -216,13 +225,12 @@ def test_search_against_real_llama_server(tmp_path: Path, tagged_env: dict) -> N
             counters_accepted = sum(hist)
             steps = counters_accepted / (length - 1.0)        # d(drafts), from the counters
             checks[(tr["trial_id"], c)] = (
-                f"C={c}: acc ctr={counters_accepted} req={accepted}, "
-                f"drafts={steps:.0f} draft_n={drafted} ({drafted / steps:.1f}/draft)")
-            # Requests cut at the window's end carry no final timings, but the server may still
-            # count the drafts they accepted before the cut: allow 5%.
-            assert counters_accepted == pytest.approx(accepted, rel=0.05), \
-                (k, c, counters_accepted, accepted)
-            assert drafted / k * 0.98 <= steps <= drafted * 1.02, (k, c, steps, drafted)
+                f"C={c}: acc ctr={counters_accepted} req={accepted} (+{len(cut)} cut, room "
+                f"{cut_room}), drafts={steps:.0f} draft_n={drafted} ({drafted / steps:.1f}/draft)")
+            assert accepted <= counters_accepted <= accepted + cut_room, \
+                (k, c, counters_accepted, accepted, cut_room)
+            assert drafted / k * 0.98 <= steps <= drafted * 1.02 + cut_room, \
+                (k, c, steps, drafted, cut_room)
             compared += 1
     assert compared >= 2 * MAX_TRIALS
     print_table("llama.cpp (llama-server, ngram-simple)", data, concs, wall, checks)
