@@ -145,7 +145,7 @@ def test_facts_and_speculative_counters(servers: Any) -> None:
 
 def test_draft_length_changes_throughput(servers: Any) -> None:
     b = get_backend("vllm")
-    prompts = make_prompts(WorkloadSpec(input_len=48, output_len=256), 3)
+    prompts = make_prompts(WorkloadSpec(input_len=48, output_len=256), 6)
     result = {}
     for steps in (K, 0):
         srv = servers(steps)
@@ -155,20 +155,28 @@ def test_draft_length_changes_throughput(servers: Any) -> None:
             [LevelPlan(concurrency=2, warmup_s=0.5, duration_s=3.0, request_timeout_s=60)],
             warmup_requests=1, headers=b.request_headers)
         assert summary.errors == 0 and summary.output_tok_s > 0
-        before = b.metrics_snapshot(srv.base_url)
+        # the engine's own decode rate per request (the client shares these 2 cores, so its
+        # costs stay out), best of 6: one request of 256 tokens decodes in ~0.1-0.25 s, and a
+        # window of three of them together was seen anywhere from 1900 to 2800 tok/s on one
+        # idle server, so a single burst of other work must not decide the comparison
+        rates = []
+        first = b.metrics_snapshot(srv.base_url)
+        before = first
         for p in prompts:
             stream_completion(srv.base_url, p.text, p.output_len)
-        after = b.metrics_snapshot(srv.base_url)
-        assert before is not None and after is not None
+            after = b.metrics_snapshot(srv.base_url)
+            assert before is not None and after is not None
 
-        def delta(name: str) -> float:
-            return after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
-
-        # the engine's own decode rate: the client shares these 2 cores, so its costs stay out
-        rate = delta("generation_tokens_total") / delta("request_decode_time_seconds_sum")
-        result[steps] = (rate, b.window_acceptance(before, after)[0])
+            def delta(name: str) -> float:
+                return after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
+            assert delta("request_decode_time_seconds_count") == 1
+            rates.append(delta("generation_tokens_total")
+                         / delta("request_decode_time_seconds_sum"))
+            before = after
+        result[steps] = (max(rates), b.window_acceptance(first, after)[0])
     assert result[0][1] is None                 # the baseline has no speculative counters
     assert result[K][1] is not None and result[K][1] > 0.9 * (K + 1)
-    # how much faster depends on what a K+1-token verify step costs on this CPU: 1.42x (1516 vs
-    # 1069 tok/s) to ~2x was seen on 2 cores
+    # how much faster depends on what a K+1-token verify step costs on this CPU: ~1.4x to ~2.5x
+    # was seen on 2 cores
+    print(f"decode rate, best of 6: K={K} {result[K][0]:.0f} vs baseline {result[0][0]:.0f} tok/s")
     assert result[K][0] > 1.2 * result[0][0], result
