@@ -59,13 +59,18 @@ def snapshot(samples: list[promtext.Sample], prefix: str) -> dict[str, float]:
     return out
 
 
-def scrape(base_url: str, prefix: str, timeout_s: float = 5.0) -> dict[str, float] | None:
-    """A snapshot of `base_url/metrics`, or None when it cannot be read or parsed."""
+def read_samples(base_url: str, timeout_s: float = 5.0) -> list[promtext.Sample] | None:
+    """The samples of `base_url/metrics`, or None when it cannot be read or parsed."""
     try:
-        text = get_text(base_url + "/metrics", timeout_s)
-        return snapshot(promtext.parse(text), prefix)
+        return promtext.parse(get_text(base_url + "/metrics", timeout_s))
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
         return None
+
+
+def scrape(base_url: str, prefix: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """A snapshot of `base_url/metrics`, or None when it cannot be read or parsed."""
+    samples = read_samples(base_url, timeout_s)
+    return None if samples is None else snapshot(samples, prefix)
 
 
 def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None,
@@ -102,9 +107,8 @@ def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None
 def in_flight(base_url: str, gauges: Sequence[str], timeout_s: float = 5.0) -> int | None:
     """The requests the server is running or queueing now: the sum of its `gauges` on
     /metrics, or None when /metrics cannot be read or has none of them."""
-    try:
-        samples = promtext.parse(get_text(base_url + "/metrics", timeout_s))
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+    samples = read_samples(base_url, timeout_s)
+    if samples is None:
         return None
     wanted = set(gauges)
     values = [s.value for s in samples if s.name in wanted]
