@@ -49,6 +49,15 @@ def host_pid_ns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "_host_pid_namespace", lambda: True)
 
 
+def unused_pid() -> int:
+    """A pid no process here can have (above the kernel's pid_max): /proc never names it."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read()) + 7
+    except OSError:
+        return 4_194_304 + 7
+
+
 @pytest.fixture
 def container_pid_ns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "_host_pid_namespace", lambda: False)
@@ -389,7 +398,7 @@ def test_cut_starts_a_new_window(host_pid_ns: None) -> None:
 
 def test_foreign_process_is_flagged_and_the_servers_are_not(host_pid_ns: None) -> None:
     nvml, g0, g1, *_ = pair()
-    server, child, stranger = 7001, 7002, 7999
+    server, child, stranger = 7001, 7002, unused_pid()
     asked: list[int] = []
 
     def own() -> set[int]:
