@@ -78,7 +78,11 @@ class RepeatingSearcher(Searcher):
         self.early_repeat_done = False
         self.infeasible: set[str] = set()                 # params keys the server refused
         self.infeasible_score = infeasible_score
-        self.duplicates = 0                               # proposals answered from data
+        self.duplicates = 0                               # proposals not booted again
+        # Optuna may propose a point that another trial is measuring right now (two pairs, one
+        # best guess): that proposal waits for the running trial's answer instead of booting
+        # the same server twice. running trial id -> the proposals' Optuna ids.
+        self.followers: dict[str, list[str]] = {}
         self.repeat_budget = (remeasure_top + 1) * max(repeats, 2)
 
     # -- Tune's Searcher interface -------------------------------------------------------------
@@ -95,8 +99,9 @@ class RepeatingSearcher(Searcher):
         if self.explored >= self.max_trials:
             return None if self.live else Searcher.FINISHED
         # A boot costs minutes: a point already measured is answered from the measurements
-        # (told to Optuna at once) and Optuna is asked again. After MAX_DUPLICATES such
-        # answers in a row the space is taken as exhausted: the point runs as a re-measurement.
+        # (told to Optuna at once), a point being measured now waits for that trial's answer,
+        # and Optuna is asked again. After MAX_DUPLICATES such answers in a row the space is
+        # taken as exhausted: the point runs as a re-measurement.
         for attempt in range(MAX_DUPLICATES):
             # Every proposal gets its own id: one answered from data is completed under it.
             probe = f"{trial_id}~{attempt}"
@@ -105,6 +110,11 @@ class RepeatingSearcher(Searcher):
                 return config
             key = params_key(config)
             known = self.scores.get(key)
+            running = self._running_explorer(key)
+            if not known and key not in self.infeasible and running is not None:
+                self.followers.setdefault(running, []).append(probe)
+                self.duplicates += 1
+                continue
             if not known and key not in self.infeasible:
                 # Tune's trial id owns the Optuna trial from here on.
                 self.inner._ot_trials[trial_id] = self.inner._ot_trials.pop(probe)
@@ -136,6 +146,12 @@ class RepeatingSearcher(Searcher):
             return
         if n == 0:
             self.inner.on_trial_complete(trial_id, result, error)
+        for probe in self.followers.pop(trial_id, []):
+            # The same point's answer, without what it measured: the measurements are the
+            # running trial's, and samplers that learn from them must not count them twice.
+            same = None if not result else {k: result[k] for k in (self.metric, "feasible")
+                                             if k in result}
+            self.inner.on_trial_complete(probe, same, error)
         if result and result.get("feasible") and result.get(self.metric) is not None:
             self.scores.setdefault(key, []).append(float(result[self.metric]))
         elif result and result.get("feasible") is False:
@@ -165,6 +181,12 @@ class RepeatingSearcher(Searcher):
         ranked = [(k, Robust.of(v)) for k, v in self.scores.items() if v]
         sign = 1.0 if self.mode == "max" else -1.0
         return sorted(ranked, key=lambda kv: sign * kv[1].score, reverse=True)
+
+    def _running_explorer(self, key: str) -> str | None:
+        """The trial measuring `key` now (an exploration, else a re-measurement), if any."""
+        ids = [tid for tid, (k, n) in sorted(self.live.items(), key=lambda kv: kv[1][1])
+               if k == key]
+        return ids[0] if ids else None
 
     def _pending(self, key: str) -> int:
         return sum(1 for k, _ in self.live.values() if k == key)

@@ -82,3 +82,57 @@ def test_state_survives_pickling_mid_search(tmp_path) -> None:
     rest = drive(restored)
     assert sum(1 for c in rest if c.get(REPEAT_KEY, 0) == 0) == 3
     assert pickle.loads(pickle.dumps(restored.inner.study().trials))
+
+
+def test_a_point_proposed_while_it_runs_waits_for_its_answer() -> None:
+    searcher = make(max_trials=4)
+    study = searcher.inner.study()
+    study.enqueue_trial({"speculative_num_steps": 2})
+    study.enqueue_trial({"speculative_num_steps": 2})     # a second pair asks for the same point
+    first = searcher.suggest("t0")
+    second = searcher.suggest("t1")                        # while t0 is still running
+    assert first["speculative_num_steps"] == 2
+    assert second is not None and second.get(REPEAT_KEY, 0) == 0
+    assert second["speculative_num_steps"] != 2, "the running point was booted twice"
+    assert searcher.duplicates == 1 and searcher.explored == 2
+    waiting = [t for t in study.trials if t.params == {"speculative_num_steps": 2}]
+    assert len(waiting) == 2
+    assert all(t.state == optuna.trial.TrialState.RUNNING for t in waiting)
+    searcher.on_trial_complete("t0", {"score": 0.7, "feasible": True,
+                                      "measured": '{"levels": {}}'})
+    waiting = [t for t in study.trials if t.params == {"speculative_num_steps": 2}]
+    assert [t.state for t in waiting] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert [t.value for t in waiting] == [0.7, 0.7]
+    # What the trial measured is told once: a model must not learn it twice.
+    assert ["measured" in t.user_attrs for t in waiting] == [True, False]
+    assert searcher.followers == {}
+
+
+def test_a_running_refused_or_failed_point_answers_its_followers_alike() -> None:
+    for result, error, state, constraint in (
+            ({"score": -5.0, "feasible": False}, False, optuna.trial.TrialState.COMPLETE,
+             {"feasible": 1.0}),
+            (None, True, optuna.trial.TrialState.FAIL, {})):
+        searcher = make(max_trials=4)
+        study = searcher.inner.study()
+        for _ in range(2):
+            study.enqueue_trial({"speculative_num_steps": 3})
+        searcher.suggest("t0")
+        searcher.suggest("t1")
+        searcher.on_trial_complete("t0", result, error=error)
+        both = [t for t in study.trials if t.params == {"speculative_num_steps": 3}]
+        assert [t.state for t in both] == [state, state]
+        assert [t.constraints for t in both] == [constraint, constraint]
+
+
+def test_a_one_point_space_remeasures_the_running_point_instead_of_waiting() -> None:
+    searcher = make(max_trials=3, steps_high=1)
+    first = searcher.suggest("t0")
+    second = searcher.suggest("t1")                        # nothing else to propose
+    assert first["speculative_num_steps"] == 1 and REPEAT_KEY not in first
+    assert second == {**first, REPEAT_KEY: 1}
+    searcher.on_trial_complete("t0", score(first))
+    searcher.on_trial_complete("t1", score(second))
+    assert list(searcher.scores.values()) == [[score(first)["score"]] * 2]
+    # Every proposal that waited on t0 was answered with t0's figure.
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in searcher.inner.study().trials)
