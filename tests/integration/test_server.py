@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -290,92 +291,61 @@ def test_pidfile_is_written_at_start_and_removed_after(tmp_path: Path) -> None:
     assert not pidfile.exists()
 
 
-def test_reap_orphans_ends_the_server_of_a_killed_parent(tmp_path: Path) -> None:
+@contextmanager
+def killed_parent(tmp_path: Path, name: str, **env: str) -> Iterator[tuple[Path, int, int]]:
+    """A parent process starts a server (that spawns a grandchild) and is SIGKILLed without
+    cleanup. Yields (pids dir, server pid, grandchild pid); whatever is left is ended after."""
     pids_dir = tmp_path / "pids"
     gc = tmp_path / "gc.pid"
     parent = subprocess.Popen(
-        [PYTHON, "-c", PARENT, str(pids_dir / "t7.json"), str(tmp_path / "s.log"),
+        [PYTHON, "-c", PARENT, str(pids_dir / f"{name}.json"), str(tmp_path / "s.log"),
          *fake("--grandchild", str(gc))],
-        stdout=subprocess.PIPE, text=True, cwd=REPO)
-    server_pid = grandchild = None
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **env})
+    started: list[int] = []
     try:
-        line = parent.stdout.readline() if parent.stdout else ""
-        server_pid = int(line)
-        grandchild = int(wait_for_file(gc))
+        started.append(int(parent.stdout.readline() if parent.stdout else ""))
+        started.append(int(wait_for_file(gc)))
         parent.send_signal(signal.SIGKILL)                 # the driver dies without cleanup
         parent.wait(timeout=10)
+        yield pids_dir, started[0], started[1]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+        if parent.stdout:
+            parent.stdout.close()
+        for pid in started:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_reap_orphans_ends_the_server_of_a_killed_parent(tmp_path: Path) -> None:
+    with killed_parent(tmp_path, "t7") as (pids_dir, server_pid, grandchild):
         assert pid_alive(server_pid) and pid_alive(grandchild)   # an orphan now
         assert reap_orphans(pids_dir) == [server_pid]
         assert_gone(server_pid, grandchild, within_s=2)
         assert not (pids_dir / "t7.json").exists()
         assert reap_orphans(pids_dir) == []
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
-        if parent.stdout:
-            parent.stdout.close()
-        for pid in (server_pid, grandchild):
-            if pid is not None and pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_server_follows_its_parent_and_reap_ends_the_rest(tmp_path: Path) -> None:
     """With die_with_parent (the default) the leader gets SIGTERM when the process that
     started it is SIGKILLed; what the leader spawned is found by its pidfile and ended."""
-    pids_dir = tmp_path / "pids"
-    gc = tmp_path / "gc.pid"
-    parent = subprocess.Popen(
-        [PYTHON, "-c", PARENT, str(pids_dir / "t9.json"), str(tmp_path / "s.log"),
-         *fake("--grandchild", str(gc))],
-        stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "DIE_WITH_PARENT": "1"})
-    server_pid = grandchild = None
-    try:
-        server_pid = int(parent.stdout.readline() if parent.stdout else "")
-        grandchild = int(wait_for_file(gc))
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
+    with killed_parent(tmp_path, "t9", DIE_WITH_PARENT="1") as (pids_dir, server_pid,
+                                                               grandchild):
         assert_gone(server_pid, within_s=5)            # followed its parent
         assert pid_alive(grandchild)                   # its own child is still an orphan
         reap_orphans(pids_dir)
         assert_gone(grandchild, within_s=5)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
-        if parent.stdout:
-            parent.stdout.close()
-        for pid in (server_pid, grandchild):
-            if pid is not None and pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_reap_orphans_ends_survivors_of_a_dead_leader(tmp_path: Path) -> None:
-    pids_dir = tmp_path / "pids"
-    gc = tmp_path / "gc.pid"
-    parent = subprocess.Popen(
-        [PYTHON, "-c", PARENT, str(pids_dir / "t8.json"), str(tmp_path / "s.log"),
-         *fake("--grandchild", str(gc))],
-        stdout=subprocess.PIPE, text=True, cwd=REPO)
-    grandchild = None
-    try:
-        server_pid = int(parent.stdout.readline() if parent.stdout else "")
-        grandchild = int(wait_for_file(gc))
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
+    with killed_parent(tmp_path, "t8") as (pids_dir, server_pid, grandchild):
         os.kill(server_pid, signal.SIGKILL)                # the leader dies, its child lives on
         assert_gone(server_pid, within_s=5)
         assert pid_alive(grandchild)
         assert reap_orphans(pids_dir) == [server_pid]
         assert_gone(grandchild, within_s=2)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(timeout=10)
-        if parent.stdout:
-            parent.stdout.close()
-        if grandchild is not None and pid_alive(grandchild):
-            os.kill(grandchild, signal.SIGKILL)
 
 
 def test_reap_orphans_never_kills_a_recycled_pid(tmp_path: Path) -> None:
