@@ -110,7 +110,7 @@ class RepeatingSearcher(Searcher):
                 return config
             key = params_key(config)
             known = self.scores.get(key)
-            running = self._running_explorer(key)
+            running = self._running_trial(key)
             if not known and key not in self.infeasible and running is not None:
                 self.followers.setdefault(running, []).append(probe)
                 self.duplicates += 1
@@ -122,8 +122,8 @@ class RepeatingSearcher(Searcher):
                 self.configs.setdefault(key, config)
                 self.live[trial_id] = (key, 0)
                 return config
-            answer = ({"score": Robust.of(known).median, "feasible": True} if known
-                      else {"score": self.infeasible_score, "feasible": False})
+            answer = ({self.metric: Robust.of(known).median, "feasible": True} if known
+                      else {self.metric: self.infeasible_score, "feasible": False})
             self.inner.on_trial_complete(probe, answer)
             self.duplicates += 1
         self.explored += 1
@@ -182,11 +182,10 @@ class RepeatingSearcher(Searcher):
         sign = 1.0 if self.mode == "max" else -1.0
         return sorted(ranked, key=lambda kv: sign * kv[1].score, reverse=True)
 
-    def _running_explorer(self, key: str) -> str | None:
-        """The trial measuring `key` now (an exploration, else a re-measurement), if any."""
-        ids = [tid for tid, (k, n) in sorted(self.live.items(), key=lambda kv: kv[1][1])
-               if k == key]
-        return ids[0] if ids else None
+    def _running_trial(self, key: str) -> str | None:
+        """The trial measuring `key` now (an exploration before a re-measurement), if any."""
+        running = [(n, tid) for tid, (k, n) in self.live.items() if k == key]
+        return min(running)[1] if running else None
 
     def _pending(self, key: str) -> int:
         return sum(1 for k, _ in self.live.values() if k == key)
