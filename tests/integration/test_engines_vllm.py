@@ -166,12 +166,11 @@ def test_draft_length_changes_throughput(servers: Any) -> None:
             stream_completion(srv.base_url, p.text, p.output_len)
             after = b.metrics_snapshot(srv.base_url)
             assert before is not None and after is not None
-
-            def delta(name: str) -> float:
-                return after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
-            assert delta("request_decode_time_seconds_count") == 1
-            rates.append(delta("generation_tokens_total")
-                         / delta("request_decode_time_seconds_sum"))
+            d = {name: after.get(PREFIX + name, 0.0) - before.get(PREFIX + name, 0.0)
+                 for name in ("request_decode_time_seconds_count", "generation_tokens_total",
+                              "request_decode_time_seconds_sum")}
+            assert d["request_decode_time_seconds_count"] == 1
+            rates.append(d["generation_tokens_total"] / d["request_decode_time_seconds_sum"])
             before = after
         result[steps] = (max(rates), b.window_acceptance(first, after)[0])
     assert result[0][1] is None                 # the baseline has no speculative counters
