@@ -22,10 +22,12 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,10 +36,12 @@ from . import results
 from .backends import get_backend
 from .config import SAMPLERS, Experiment, load_experiment
 from .errors import ConfigError
-from .objective import Robust, pareto_values, pct, scalar_score
+from .objective import pareto_values, pct, scalar_score
 from .records import LevelSummary, ServerFacts, TrialResult
 from .samplers.model import BASELINE_ATTR, baseline_attr, measured_attr
-from .searcher import JUMP_KEY, REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
+from .searcher import JUMP_KEY, REPEAT_KEY, SAMPLER_KEY, RepeatingSearcher, SpecOptunaSearch
+from .leftovers import (RUN_TOKEN_ENV, RunInUse, end_driver_processes, forget_driver,
+                        reap_driver, record_driver)
 from .server import reap_orphans
 from .space import BASELINE, DefineByRun, resolve
 from .trial import TrialContext, run_trial
@@ -231,14 +235,32 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
 
 
 class _DefineByRunWithJump(DefineByRun):
-    """Adds the plateau sampler's reason to the trial's config, for the tables and progress."""
+    """Adds to the trial's config, for the tables and progress, what proposed the point: the
+    sampler that ran (`enqueued` for the experiment's own points) and the plateau sampler's
+    reason. Pickled with the searcher, so a resumed search records the sampler it runs."""
+
+    def __init__(self, space: Any, fixed: Any, sampler: str) -> None:
+        super().__init__(space, fixed)
+        self.sampler = sampler
 
     def __call__(self, trial: Any) -> dict[str, Any] | None:
         constants = super().__call__(trial) or {}
         reason = trial.user_attrs.get("jump_reason")
         if reason:
             constants[JUMP_KEY] = reason
-        return constants or None
+        constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
+        return constants
+
+
+def _enqueued(trial: Any) -> bool:
+    """Whether Optuna took this trial's parameters from `enqueue_trial` (its `fixed_params`
+    system attribute), read through the public FrozenTrial."""
+    from optuna.trial import TrialState
+
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number == trial.number:
+            return "fixed_params" in t.system_attrs
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +336,8 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     result = run_trial(exp, sampled, trial_ctx, done_levels=done,
                        done_facts=facts[-1] if facts else None, on_facts=facts.append,
                        on_level=on_level,
-                       extra={"jump_reason": config.get(JUMP_KEY), "sampler": exp.search.sampler,
+                       extra={"jump_reason": config.get(JUMP_KEY),
+                              "sampler": config.get(SAMPLER_KEY, exp.search.sampler),
                               "node_id": _node_id()},
                        scorer=scorer)
     feasible, value = score_of(exp, result, baseline)
@@ -388,7 +411,7 @@ class Progress:
                 elif r.get("feasible"):
                     what = "done"
                 else:
-                    what = f"{r.get('status', 'failed')}: {r.get('reason', '')}"[:160]
+                    what = f"{r.get('status', 'failed')}: {short_reason(r.get('reason', ''))}"
                 inc = (f" | best {pct(self.best[0])}: {self.best[1]}" if self.best else "")
                 _say(f"trial {self.done:>3}  {trial.trial_id}  {label}  -> {what}{inc}  "
                      f"[{time.monotonic() - self.t0:.0f}s]")
@@ -398,6 +421,22 @@ class Progress:
                 _say(f"trial {trial.trial_id} raised an error (see its log in Tune's dir)")
 
         return _Progress(*args, **kwargs)
+
+
+REASON_CHARS = 100      # a reason on a live line; the table and the report keep it whole
+
+
+def short_reason(reason: str, limit: int = REASON_CHARS) -> str:
+    """A reason short enough for one live line: its first line, cut at a word boundary with
+    an ellipsis where it is longer than `limit`."""
+    text = " ".join((reason or "").strip().splitlines()[:1][0].split()) if reason else ""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.(") + "…"
 
 
 _SHORT = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
@@ -549,8 +588,8 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
     mode: Any = _pareto_modes(exp) if pareto else "max"
     enqueue = [dict(p) for p in s.enqueue]
     optuna_search = SpecOptunaSearch(
-        space=_DefineByRunWithJump(exp.space, exp.backend.flags), metric=metric, mode=mode,
-        sampler=make_sampler(sampler_name, exp, seed), storage=journal,
+        space=_DefineByRunWithJump(exp.space, exp.backend.flags, sampler_name), metric=metric,
+        mode=mode,        sampler=make_sampler(sampler_name, exp, seed), storage=journal,
         study_name=plan.name, points_to_evaluate=enqueue or None, seed=seed)
     optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
@@ -637,46 +676,16 @@ def _move_aside(plan: RunPlan) -> str | None:
 # Summary of a finished search
 
 
-def summarize(plan: RunPlan, baseline: list[LevelSummary]) -> list[str]:
-    # Trials and levels only: the requests table (a row per request) is not needed here.
+def trial_counts(plan: RunPlan) -> str:
+    """One line counting the trials by status (the trials table only: the requests table, a
+    row per request, is not needed here)."""
     trials = [r for r in results.read_table(plan.run_dir, "trials").to_pylist()
               if r["trial_id"] != BASELINE_ID]
-    by_key: dict[str, list[dict]] = {}
-    for r in trials:
-        by_key.setdefault(r["config_key"], []).append(r)
-    lines = [f"trials: {len(trials)} measured ({sum(1 for r in trials if r['status'] == 'ok')} "
-             f"ok, {sum(1 for r in trials if r['status'] == 'infeasible')} infeasible, "
-             f"{sum(1 for r in trials if r['status'] in ('failed', 'pruned'))} failed/pruned), "
-             f"{len(by_key)} distinct configs"]
-    ranked = []
-    for key, rows in by_key.items():
-        scores = [r["score"] for r in rows if r["status"] == "ok" and r["score"] is not None
-                  and not r["suspect"]]
-        if scores:
-            ranked.append((Robust.of(scores), key, rows))
-    if not ranked:
-        return lines + ["no feasible configuration was measured"]
-    ranked.sort(key=lambda x: x[0].score, reverse=True)
-    best, key, rows = ranked[0]
-    params = json.loads(rows[0]["params_json"])
-    levels = [s for tid, s in results.level_summaries(results.read_table(plan.run_dir, "levels"))
-              if tid in {r["trial_id"] for r in rows}]
-    base = {s.concurrency: s for s in baseline if s.mode == "closed"}
-    lines.append(f"best config, per level (median of {best.n} measurement(s)) against the "
-                 f"no-speculation baseline:")
-    per: dict[int, list[float]] = {}
-    for s in levels:
-        if s.mode == "closed":
-            per.setdefault(s.concurrency, []).append(s.output_tok_s)
-    for c in sorted(per):
-        mine = sorted(per[c])[len(per[c]) // 2]
-        b = base.get(c)
-        rel = f"{mine / b.output_tok_s:5.2f}x" if b and b.output_tok_s > 0 else "   - "
-        btxt = f"{b.output_tok_s:8.1f}" if b else "       -"
-        lines.append(f"  C={c:<3d} {mine:8.1f} tok/s  baseline {btxt}  {rel}")
-    backend = get_backend(plan.exp.backend.kind)
-    lines.append(f"launch: {backend.launch_command(plan.exp.backend, params)}")
-    return lines
+    keys = {r["config_key"] for r in trials}
+    n = {s: sum(1 for r in trials if r["status"] == s) for s in ("ok", "infeasible")}
+    other = len(trials) - n["ok"] - n["infeasible"]
+    return (f"trials: {len(trials)} measured ({n['ok']} ok, {n['infeasible']} infeasible, "
+            f"{other} failed/pruned), {len(keys)} distinct configs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,6 +717,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Before anything was started (the run's own Ctrl-C is handled inside).
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
     try:
@@ -732,46 +750,89 @@ def main(argv: Sequence[str] | None = None) -> int:
     sampler = args.sampler or exp.search.sampler
     seed = exp.search.seed if args.seed is None else args.seed
     max_trials = args.max_trials or exp.search.max_trials
+    pids_dir = plan.local_dir / "logs" / "pids"
+    # What a killed driver of this run left: its servers (their pidfiles), then everything
+    # else it started (Ray's agents and workers: by the token its processes inherited).
+    try:
+        left = reap_driver(pids_dir)
+    except RunInUse as e:
+        print(f"error: the run {plan.run_dir} is in use by the search with PID {e.pid}; stop "
+              f"it first, or give this one another --name", file=sys.stderr)
+        return 2
+    if not plan.is_uri:
+        ended = reap_orphans(pids_dir)
+        if ended:
+            _say(f"ended {len(ended)} server(s) left running by the interrupted run: {ended}")
+    if left:
+        _say(f"ended {len(left)} process(es) left by the interrupted search (Ray's agents and "
+             f"workers): {left}")
     if args.fresh:
         aside = _move_aside(plan)
         if aside:
             _say(f"fresh start: the previous run was moved to {aside}")
     _say(f"experiment: {exp.name} ({exp.source}) on backend {exp.backend.kind}"
          + (" (the embedded simulator, not a real server)" if exp.backend.kind == "sim" else ""))
-    _say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; sampler {sampler}, "
-         f"{max_trials} trials, {exp.search.max_concurrent} at a time, "
+    if exists and args.sampler is not None:
+        _say(f"--sampler {args.sampler}: ignored when resuming; the search goes on with the "
+             f"sampler it was started with (the trials table records it)")
+    _say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; "
+         + ("" if exists and args.sampler is not None else f"sampler {sampler}, ")
+         + f"{max_trials} trials, {exp.search.max_concurrent} at a time, "
          f"{exp.search.gpus_per_trial} GPU(s) each)")
     keep_experiment(plan)
-    if not plan.is_uri:
-        ended = reap_orphans(plan.local_dir / "logs" / "pids")
-        if ended:
-            _say(f"ended {len(ended)} server(s) left running by the interrupted run: {ended}")
+    # On a local cluster every process this driver starts (Ray's, the trials', the servers')
+    # inherits this token, so none can outlive the search unseen.
+    token = uuid.uuid4().hex
+    if not args.address:
+        os.environ[RUN_TOKEN_ENV] = token
+        record_driver(pids_dir, token)
+    try:
+        return _search(plan, args, sampler=sampler, seed=seed, max_trials=max_trials,
+                       resume=exists, t0=t0)
+    except KeyboardInterrupt:
+        print(f"interrupted: the run is kept in {plan.run_dir}; the same command resumes it",
+              file=sys.stderr)
+        return 130
+    finally:
+        # A second Ctrl-C must not cut the clean-up short.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            import ray
+            if ray.is_initialized():
+                ray.shutdown()
+            if not args.address:
+                end_driver_processes(token, os.getpid())
+                forget_driver(pids_dir)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _search(plan: RunPlan, args: argparse.Namespace, *, sampler: str, seed: int,
+            max_trials: int, resume: bool, t0: float) -> int:
+    exp = plan.exp
     try:
         ctx = start_ray(plan, args.address)
+    except KeyboardInterrupt:
+        raise
     except Exception as e:  # noqa: BLE001 - ray raises many types for a bad address
         print(f"error: could not start or join Ray: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     try:
-        try:
-            check_gpus(plan)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for line in dashboard_lines(ctx):
-            _say(line)
-        baseline = run_baseline(plan) if exp.search.baseline else []
-        tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=exists)
-        tuner.fit()
-        _say("")
-        _say(f"search finished in {time.monotonic() - t0:.0f}s")
-        for line in summarize(plan, baseline):
-            _say(line)
-        _report(plan)
-        _say(f"tables: {plan.run_dir}/tables (Parquet: requests, levels, trials); "
-             f"Optuna study: {plan.local_dir / 'optuna.journal'}")
-    finally:
-        import ray
-        ray.shutdown()
+        check_gpus(plan)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in dashboard_lines(ctx):
+        _say(line)
+    baseline = run_baseline(plan) if exp.search.baseline else []
+    tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
+    tuner.fit()
+    _say("")
+    _say(f"search finished in {time.monotonic() - t0:.0f}s")
+    _say(trial_counts(plan))
+    _report(plan)
+    _say(f"tables: {plan.run_dir}/tables (Parquet: requests, levels, trials); "
+         f"Optuna study: {plan.local_dir / 'optuna.journal'}")
     return 0
 
 
@@ -782,9 +843,11 @@ def _report(plan: RunPlan) -> None:
         out = write_report(plan.run_dir)
     except RunDirError as e:
         # The tables are written; a report that cannot be made must not hide them.
+        _say("no feasible configuration was measured")
         _say(f"report: not written ({e})")
         return
-    for line in out.summary_lines:
+    # The best config's figures are the report's (one computation for both).
+    for line in out.best_lines + out.summary_lines:
         _say(line)
     _say(f"report: {out.path} (and report.html beside it)")
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
 JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
+SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
+                                # experiment's own point)
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
 
 

@@ -38,6 +38,7 @@ class ReportOutput:
     html_path: str                    # report.html
     figures: list[str]                # PNG paths
     summary_lines: list[str]          # what a person reads first (the search prints it too)
+    best_lines: list[str] = field(default_factory=list)  # the best config's per-level figures
     schedule_paths: list[str] = field(default_factory=list)   # SGLang / vLLM schedule files
 
 
@@ -85,7 +86,8 @@ def write_report_from(data: RunData, out_dir: str) -> ReportOutput:
         os.path.join(out_dir, "report.html"),
         render.to_html(blocks, {f.name: f.png for f in figs}, f"Report: {data.name}"))
     return ReportOutput(path=md, html_path=html_path, figures=fig_paths,
-                        summary_lines=summary, schedule_paths=sched_paths)
+                        summary_lines=summary, schedule_paths=sched_paths,
+                        best_lines=build.best_table_lines(data, rec))
 
 
 __all__ = ["REPORT_DIR", "ReportOutput", "RunDirError", "default_out_dir", "write_report",

@@ -60,6 +60,24 @@ def band_text(data: RunData) -> str:
             f"experiment's search.noise_band)")
 
 
+def best_table_lines(data: RunData, rec: Recommendation) -> list[str]:
+    """The best config's figures per level, as the search prints them at its end: the same
+    `Recommendation` rows (medians over its usable measurements) the report shows."""
+    best = rec.config
+    if best is None:
+        return ["no feasible configuration was measured"]
+    lines = [f"best config, per level (median of {best.n} measurement(s)) against the "
+             f"no-speculation baseline:"]
+    for row in rec.rows:
+        if row.tok_s is None:
+            continue
+        rel = f"{row.speedup:5.2f}x" if row.speedup is not None else "   - "
+        base = f"{row.base:8.1f}" if row.base else "       -"
+        lines.append(f"  C={row.c:<3d} {row.tok_s:8.1f} tok/s  baseline {base}  {rel}")
+    lines.append(f"launch: {rec.command}" if rec.command else rec.command_note)
+    return lines
+
+
 def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
                   sched: Schedule) -> list[str]:
     best = rec.config

@@ -54,11 +54,19 @@ def trials_rows(run_dir: Path) -> list[dict]:
 def test_search_pins_disjoint_pairs_and_survives_an_infeasible_config(
         tmp_path: Path, test_env: dict) -> None:
     exp = small_experiment(tmp_path, "enqueue = [{ speculative_num_steps = 8 }]\n")
-    out = subprocess.run(search_cmd(exp, tmp_path / "runs", "--max-trials", "4"), cwd=REPO,
+    # The experiment says sampler = "tpe"; the command line's --sampler is what runs.
+    out = subprocess.run(search_cmd(exp, tmp_path / "runs", "--max-trials", "4",
+                                    "--sampler", "random"), cwd=REPO,
                          capture_output=True, text=True, timeout=600, env=test_env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Best config:" in out.stdout and "dashboard: http://127.0.0.1:" in out.stdout
     rows = trials_rows(tmp_path / "runs" / "sim-small")
+    # The tables record what proposed each point: the sampler that ran, not the file's.
+    by_steps = {(json.loads(r["params_json"])["speculative_num_steps"], r["repeat"]): r["sampler"]
+                for r in rows}
+    assert by_steps.pop((0, 0)) == "baseline"
+    assert by_steps.pop((8, 0)) == "enqueued"
+    assert by_steps and set(by_steps.values()) == {"random"}, by_steps
     explored = [r for r in rows if r["trial_id"] != "baseline" and r["repeat"] == 0]
     assert len(explored) == 4
     steps8 = [r for r in rows if json.loads(r["params_json"])["speculative_num_steps"] == 8]
@@ -187,3 +195,73 @@ def test_dashboard_lists_the_trials_while_they_run(tmp_path: Path,
                 driver.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 driver.kill()
+
+
+def _wait_line(log_path: Path, prefix: str, timeout_s: float) -> None:
+    wait_for(lambda: any(line.startswith(prefix)
+                         for line in log_path.read_text().splitlines()), timeout_s,
+             f"a line starting {prefix!r}")
+
+
+def test_ctrl_c_during_the_baseline_leaves_nothing_running(tmp_path: Path,
+                                                           test_env: dict) -> None:
+    """Ctrl-C while Ray runs the baseline: one line, exit 130, and no process of the search
+    (Ray's agents and workers, the server) alive a few seconds later."""
+    exp = small_experiment(tmp_path)
+    log_path = tmp_path / "out.log"
+    with open(log_path, "w") as log:
+        driver = subprocess.Popen(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"),
+                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    try:
+        _wait_line(log_path, "baseline: measuring", 120)
+        time.sleep(1.0)
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=60) == 130
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    text = log_path.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    assert "interrupted: the run is kept in" in text
+    time.sleep(3.0)
+    assert not tagged_processes(test_env["SPECDECODE_TEST_TAG"])
+
+
+def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
+                                                           test_env: dict) -> None:
+    """SIGKILL the driver mid-baseline: Ray's agents outlive it for minutes. The next driver
+    of the same run ends them, by PID, from the record the killed one left in the run dir."""
+    exp = small_experiment(tmp_path)
+    storage = tmp_path / "runs"
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log:
+        driver = subprocess.Popen(search_cmd(exp, storage, "--max-trials", "2"), cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    try:
+        _wait_line(log_path, "baseline: measuring", 120)
+        time.sleep(2.0)
+        driver.kill()
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    record = json.loads((storage / "sim-small" / "logs" / "pids" / "driver.json").read_text())
+    assert record["pid"] == driver.pid
+    time.sleep(2.0)
+    left = tagged_processes(test_env["SPECDECODE_TEST_TAG"])
+    assert left, "nothing outlived the killed driver: the test shows nothing"
+    log2 = tmp_path / "second.log"
+    with open(log2, "w") as log:
+        second = subprocess.Popen(search_cmd(exp, storage, "--max-trials", "2"), cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    try:
+        _wait_line(log2, "experiment:", 60)
+        text = log2.read_text()
+        assert "process(es) left by the interrupted search" in text, text
+        assert not [p for p in left if pid_alive(p)], \
+            {p: c for p, c in left.items() if pid_alive(p)}
+        second.send_signal(signal.SIGINT)
+        second.wait(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()

@@ -441,3 +441,23 @@ def test_module_entry_point(tmp_path: Path) -> None:
                           timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and len(proc.stderr.splitlines()) == 1
+
+
+def test_search_closing_table_prints_the_reports_medians(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """The search's closing "best config, per level (median of N)" table and the report show
+    the same figures: the medians over the best config's measurements, not its first run."""
+    from types import SimpleNamespace
+
+    from specdecode_tune import search
+
+    run = seed_run(tmp_path)
+    run.add("t04r1", {"speculative_num_steps": 4}, {1: 270.0, 16: 1580.0}, repeat=1)
+    search._report(SimpleNamespace(run_dir=str(tmp_path)))      # type: ignore[arg-type]
+    out = " ".join(capsys.readouterr().out.split())
+    assert "best config, per level (median of 2 measurement(s))" in out
+    # steps=4 measured 277 and 270 at C=1, 1596 and 1580 at C=16: medians 273.5 and 1588.
+    assert "C=1 273.5 tok/s baseline 100.0 2.73x" in out, out
+    assert "C=16 1588.0 tok/s baseline 1000.0 1.59x" in out, out
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "2.73x" in md and "1.59x" in md
