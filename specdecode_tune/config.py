@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from .errors import ConfigError
+from .promptfile import load_rows
 from .space import PARAM_TYPES, ParamSpec, first_valid_point
 
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
@@ -169,8 +170,11 @@ class WorkloadSpec:
         if self.kind == "jsonl":
             if not isinstance(self.path, str | os.PathLike) or not str(self.path):
                 _bad("path", self.path, "a JSONL prompt file (required for kind jsonl)")
-            if not os.path.isfile(self.path):
+            if not os.path.exists(self.path):
                 _bad("path", str(self.path), "an existing JSONL file")
+            # Every line is checked now, before anything starts (and the rows are cached for
+            # this process's workload): a bad line is one ConfigError naming file and line.
+            load_rows(self.path, self.max_prompts)
         elif self.path is not None:
             _bad("path", self.path, "unset for kind random (it only applies to kind jsonl)")
 
@@ -446,23 +450,27 @@ def _workload(t: _Table, base_dir: Path | None) -> WorkloadSpec:
         p = Path(path)
         if not p.is_absolute() and base_dir is not None and not p.exists():
             p = base_dir / p
-        if not p.is_file():
+        if not p.exists():
             raise t.fail("path", path, "must name an existing JSONL file")
         path = str(p.resolve())   # trials run in their own folders: keep it absolute
     temperature = t.get("temperature", (int, float), 0.0)
     if temperature < 0:
         raise t.fail("temperature", temperature, "must be >= 0")
-    spec = WorkloadSpec(
-        kind=kind,
-        input_len=_len_value(t, "input_len", 256),
-        output_len=_len_value(t, "output_len", 256),
-        seed=t.get("seed", int, 0),
-        temperature=float(temperature),
-        ignore_eos=t.get("ignore_eos", bool, True),
-        path=path,
-        max_prompts=_positive(t, "max_prompts", int, None),
-    )
+    values: dict[str, Any] = {
+        "kind": kind,
+        "input_len": _len_value(t, "input_len", 256),
+        "output_len": _len_value(t, "output_len", 256),
+        "seed": t.get("seed", int, 0),
+        "temperature": float(temperature),
+        "ignore_eos": t.get("ignore_eos", bool, True),
+        "path": path,
+        "max_prompts": _positive(t, "max_prompts", int, None),
+    }
     t.done()
+    try:
+        spec = WorkloadSpec(**values)   # reads and checks a JSONL file line by line
+    except ConfigError as e:
+        raise ConfigError(f"{t.where}: {e}") from None
     return spec
 
 

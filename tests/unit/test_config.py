@@ -124,3 +124,26 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_experiment(tmp_path / "bin.toml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the experiment names: read and checked when it loads, relative ones made absolute
+
+
+def with_workload(text: str, path: str) -> str:
+    return text.replace("[measure]", f'[workload]\nkind = "jsonl"\npath = "{path}"\n[measure]', 1)
+
+
+def test_a_bad_prompt_line_fails_the_load_naming_both_files_and_the_line(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
+    with pytest.raises(ConfigError) as info:
+        load_experiment(write(tmp_path, with_workload(GOOD, "p.jsonl")))
+    msg = str(info.value)
+    assert msg == (f"{tmp_path / 'exp.toml'}: workload.path {tmp_path / 'p.jsonl'}:2: "
+                   f"prompt=3; allowed: a non-empty string"), msg
+
+
+def test_a_prompt_path_that_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "prompts").mkdir()
+    with pytest.raises(ConfigError, match=r"exp\.toml: workload\.path .*prompts: is a directory"):
+        load_experiment(write(tmp_path, with_workload(GOOD, "prompts")))
