@@ -290,7 +290,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     if not name or any(c in name for c in "/\\\0") or name.startswith("."):
         raise top.fail("name", name, "must be a non-empty name without slashes")
     description = top.get("description", str, "")
-    backend = _backend(top.sub("backend", required=True))
+    backend = _backend(top.sub("backend", required=True), base_dir)
     space = _space(top.sub("space", required=True))
     workload = _workload(top.sub("workload"), base_dir)
     measure = _measure(top.sub("measure"))
@@ -305,7 +305,25 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     return exp
 
 
-def _backend(t: _Table) -> BackendConfig:
+def _profile(t: _Table, kind: str, base_dir: Path | None) -> str | None:
+    """backend.profile: a bundled profile's name (checked by the simulator's loader before a
+    search), or the path of a profile TOML (a slash or a .toml suffix), which must exist."""
+    value = t.get("profile", str, None)
+    if kind != "sim" or not value or ("/" not in value and not value.endswith(".toml")):
+        return value
+    p = Path(value).expanduser()
+    if not p.is_absolute() and not p.exists() and base_dir is not None:
+        p = base_dir / p
+    if p.is_dir():
+        raise t.fail("profile", value, f"{p} is a directory; allowed: a profile TOML file or "
+                                       f"a bundled profile's name")
+    if not p.exists():
+        raise t.fail("profile", value, "no such profile file; allowed: an existing profile "
+                                       "TOML file or a bundled profile's name")
+    return os.path.abspath(p)
+
+
+def _backend(t: _Table, base_dir: Path | None = None) -> BackendConfig:
     kind = _choice(t, "kind", BACKEND_KINDS)
     model_path = t.get("model_path", str, "seed-qwen35-122b" if kind == "sim" else _MISSING)
     algo = t.get("speculative_algorithm", str, "EAGLE3")
@@ -323,7 +341,7 @@ def _backend(t: _Table) -> BackendConfig:
         env=_str_map(t.sub("env")),
         api_key_env=t.get("api_key_env", str, None) or None,
         binary=t.get("binary", str, None),
-        profile=t.get("profile", str, None),
+        profile=_profile(t, kind, base_dir),
         boot_time_s=_positive(t, "boot_time_s", (int, float), None, zero_ok=True),
     )
     if kind != "sim":

@@ -147,3 +147,27 @@ def test_a_prompt_path_that_is_a_directory(tmp_path: Path) -> None:
     (tmp_path / "prompts").mkdir()
     with pytest.raises(ConfigError, match=r"exp\.toml: workload\.path .*prompts: is a directory"):
         load_experiment(write(tmp_path, with_workload(GOOD, "prompts")))
+
+
+def test_a_profile_path_is_found_from_the_experiment_s_folder(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text("# a profile\n")
+    monkeypatch.chdir(REPO)
+    exp = load_experiment(write(tmp_path, GOOD.replace('"seed-qwen35-122b"',
+                                                       '"profiles/mine.toml"')))
+    assert exp.backend.profile == str(tmp_path / "profiles" / "mine.toml")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("profiles/none.toml", "no such profile file; allowed: an existing profile TOML file"),
+    ("profiles/", "is a directory; allowed: a profile TOML file"),
+])
+def test_a_bad_profile_path(tmp_path: Path, value: str, words: str) -> None:
+    (tmp_path / "profiles").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_experiment(write(tmp_path, GOOD.replace('"seed-qwen35-122b"', f'"{value}"')))
+    msg = str(info.value)
+    assert msg.startswith(f"{tmp_path / 'exp.toml'}: backend.profile = {value!r}: ")
+    assert words in msg and "\n" not in msg
