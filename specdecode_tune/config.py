@@ -305,6 +305,27 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     return exp
 
 
+def _relative_to(value: str, base_dir: Path | None, *, bare: bool = True) -> str:
+    """A relative path that exists from here or from the experiment's folder, made absolute:
+    trials run in their own working directories. Anything else is kept as written (a Hugging
+    Face hub id, `${SPECDECODE_CACHE}/...` expanded per machine, or a missing path that the
+    pre-flight reports). With `bare=False` a value without a slash is kept too (a program on
+    PATH: a file of that name here is not what runs)."""
+    if (not value or (not bare and "/" not in value) or value.startswith(("~", "$"))
+            or os.path.isabs(value)):
+        return value
+    for p in (Path(value), *([base_dir / value] if base_dir is not None else [])):
+        if p.exists():
+            return os.path.abspath(p)   # not resolve(): a venv's python is a symlink
+    return value
+
+
+def _optional_path(t: _Table, name: str, base_dir: Path | None, *, bare: bool = True
+                   ) -> str | None:
+    value = t.get(name, str, None)
+    return None if value is None else _relative_to(value, base_dir, bare=bare)
+
+
 def _profile(t: _Table, kind: str, base_dir: Path | None) -> str | None:
     """backend.profile: a bundled profile's name (checked by the simulator's loader before a
     search), or the path of a profile TOML (a slash or a .toml suffix), which must exist."""
@@ -329,9 +350,9 @@ def _backend(t: _Table, base_dir: Path | None = None) -> BackendConfig:
     algo = t.get("speculative_algorithm", str, "EAGLE3")
     cfg = BackendConfig(
         kind=kind,
-        model_path=model_path,
+        model_path=_relative_to(model_path, base_dir),
         speculative_algorithm=algo or None,
-        draft_model_path=t.get("draft_model_path", str, None),
+        draft_model_path=_optional_path(t, "draft_model_path", base_dir),
         tp_size=_positive(t, "tp_size", int, 1),
         host=t.get("host", str, "127.0.0.1"),
         api=_choice(t, "api", APIS, "completions" if kind in ("vllm", "llamacpp") else "generate"),
@@ -340,7 +361,7 @@ def _backend(t: _Table, base_dir: Path | None = None) -> BackendConfig:
         extra_args=tuple(_str_list(t, "extra_args")),
         env=_str_map(t.sub("env")),
         api_key_env=t.get("api_key_env", str, None) or None,
-        binary=t.get("binary", str, None),
+        binary=_optional_path(t, "binary", base_dir, bare=False),
         profile=_profile(t, kind, base_dir),
         boot_time_s=_positive(t, "boot_time_s", (int, float), None, zero_ok=True),
     )

@@ -171,3 +171,26 @@ def test_a_bad_profile_path(tmp_path: Path, value: str, words: str) -> None:
     msg = str(info.value)
     assert msg.startswith(f"{tmp_path / 'exp.toml'}: backend.profile = {value!r}: ")
     assert words in msg and "\n" not in msg
+
+
+def test_local_model_paths_are_made_absolute_hub_ids_are_kept(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    (tmp_path / "models" / "draft").mkdir(parents=True)
+    (tmp_path / "tiny.gguf").write_text("")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "server").write_text("")
+    monkeypatch.chdir(REPO)
+    text = GOOD.replace('profile = "seed-qwen35-122b"',
+                        'model_path = "tiny.gguf"\ndraft_model_path = "models/draft"\n'
+                        'binary = "bin/server"')
+    b = load_experiment(write(tmp_path, text)).backend
+    assert (b.model_path, b.draft_model_path, b.binary) == (
+        str(tmp_path / "tiny.gguf"), str(tmp_path / "models" / "draft"),
+        str(tmp_path / "bin" / "server"))
+    text = GOOD.replace('profile = "seed-qwen35-122b"',
+                        'model_path = "Qwen/Qwen3.5-122B"\ndraft_model_path = "gone/draft"\n'
+                        'binary = "llama-server"')
+    b = load_experiment(write(tmp_path, text)).backend
+    assert (b.model_path, b.draft_model_path, b.binary) == (
+        "Qwen/Qwen3.5-122B", "gone/draft", "llama-server")
