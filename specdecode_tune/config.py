@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn
 
 from .errors import ConfigError
+from .promptfile import load_rows
 from .space import PARAM_TYPES, ParamSpec, first_valid_point
 
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
@@ -169,8 +170,11 @@ class WorkloadSpec:
         if self.kind == "jsonl":
             if not isinstance(self.path, str | os.PathLike) or not str(self.path):
                 _bad("path", self.path, "a JSONL prompt file (required for kind jsonl)")
-            if not os.path.isfile(self.path):
+            if not os.path.exists(self.path):
                 _bad("path", str(self.path), "an existing JSONL file")
+            # Every line is checked now, before anything starts (and the rows are cached for
+            # this process's workload): a bad line is one ConfigError naming file and line.
+            load_rows(self.path, self.max_prompts)
         elif self.path is not None:
             _bad("path", self.path, "unset for kind random (it only applies to kind jsonl)")
 
@@ -286,7 +290,7 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     if not name or any(c in name for c in "/\\\0") or name.startswith("."):
         raise top.fail("name", name, "must be a non-empty name without slashes")
     description = top.get("description", str, "")
-    backend = _backend(top.sub("backend", required=True))
+    backend = _backend(top.sub("backend", required=True), base_dir)
     space = _space(top.sub("space", required=True))
     workload = _workload(top.sub("workload"), base_dir)
     measure = _measure(top.sub("measure"))
@@ -301,15 +305,54 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     return exp
 
 
-def _backend(t: _Table) -> BackendConfig:
+def _relative_to(value: str, base_dir: Path | None, *, bare: bool = True) -> str:
+    """A relative path that exists from here or from the experiment's folder, made absolute:
+    trials run in their own working directories. Anything else is kept as written (a Hugging
+    Face hub id, `${SPECDECODE_CACHE}/...` expanded per machine, or a missing path that the
+    pre-flight reports). With `bare=False` a value without a slash is kept too (a program on
+    PATH: a file of that name here is not what runs)."""
+    if (not value or (not bare and "/" not in value) or value.startswith(("~", "$"))
+            or os.path.isabs(value)):
+        return value
+    for p in (Path(value), *([base_dir / value] if base_dir is not None else [])):
+        if p.exists():
+            return os.path.abspath(p)   # not resolve(): a venv's python is a symlink
+    return value
+
+
+def _optional_path(t: _Table, name: str, base_dir: Path | None, *, bare: bool = True
+                   ) -> str | None:
+    value = t.get(name, str, None)
+    return None if value is None else _relative_to(value, base_dir, bare=bare)
+
+
+def _profile(t: _Table, kind: str, base_dir: Path | None) -> str | None:
+    """backend.profile: a bundled profile's name (checked by the simulator's loader before a
+    search), or the path of a profile TOML (a slash or a .toml suffix), which must exist."""
+    value = t.get("profile", str, None)
+    if kind != "sim" or not value or ("/" not in value and not value.endswith(".toml")):
+        return value
+    p = Path(value).expanduser()
+    if not p.is_absolute() and not p.exists() and base_dir is not None:
+        p = base_dir / p
+    if p.is_dir():
+        raise t.fail("profile", value, f"{p} is a directory; allowed: a profile TOML file or "
+                                       f"a bundled profile's name")
+    if not p.exists():
+        raise t.fail("profile", value, "no such profile file; allowed: an existing profile "
+                                       "TOML file or a bundled profile's name")
+    return os.path.abspath(p)
+
+
+def _backend(t: _Table, base_dir: Path | None = None) -> BackendConfig:
     kind = _choice(t, "kind", BACKEND_KINDS)
     model_path = t.get("model_path", str, "seed-qwen35-122b" if kind == "sim" else _MISSING)
     algo = t.get("speculative_algorithm", str, "EAGLE3")
     cfg = BackendConfig(
         kind=kind,
-        model_path=model_path,
+        model_path=_relative_to(model_path, base_dir),
         speculative_algorithm=algo or None,
-        draft_model_path=t.get("draft_model_path", str, None),
+        draft_model_path=_optional_path(t, "draft_model_path", base_dir),
         tp_size=_positive(t, "tp_size", int, 1),
         host=t.get("host", str, "127.0.0.1"),
         api=_choice(t, "api", APIS, "completions" if kind in ("vllm", "llamacpp") else "generate"),
@@ -318,8 +361,8 @@ def _backend(t: _Table) -> BackendConfig:
         extra_args=tuple(_str_list(t, "extra_args")),
         env=_str_map(t.sub("env")),
         api_key_env=t.get("api_key_env", str, None) or None,
-        binary=t.get("binary", str, None),
-        profile=t.get("profile", str, None),
+        binary=_optional_path(t, "binary", base_dir, bare=False),
+        profile=_profile(t, kind, base_dir),
         boot_time_s=_positive(t, "boot_time_s", (int, float), None, zero_ok=True),
     )
     if kind != "sim":
@@ -446,23 +489,27 @@ def _workload(t: _Table, base_dir: Path | None) -> WorkloadSpec:
         p = Path(path)
         if not p.is_absolute() and base_dir is not None and not p.exists():
             p = base_dir / p
-        if not p.is_file():
+        if not p.exists():
             raise t.fail("path", path, "must name an existing JSONL file")
         path = str(p.resolve())   # trials run in their own folders: keep it absolute
     temperature = t.get("temperature", (int, float), 0.0)
     if temperature < 0:
         raise t.fail("temperature", temperature, "must be >= 0")
-    spec = WorkloadSpec(
-        kind=kind,
-        input_len=_len_value(t, "input_len", 256),
-        output_len=_len_value(t, "output_len", 256),
-        seed=t.get("seed", int, 0),
-        temperature=float(temperature),
-        ignore_eos=t.get("ignore_eos", bool, True),
-        path=path,
-        max_prompts=_positive(t, "max_prompts", int, None),
-    )
+    values: dict[str, Any] = {
+        "kind": kind,
+        "input_len": _len_value(t, "input_len", 256),
+        "output_len": _len_value(t, "output_len", 256),
+        "seed": t.get("seed", int, 0),
+        "temperature": float(temperature),
+        "ignore_eos": t.get("ignore_eos", bool, True),
+        "path": path,
+        "max_prompts": _positive(t, "max_prompts", int, None),
+    }
     t.done()
+    try:
+        spec = WorkloadSpec(**values)   # reads and checks a JSONL file line by line
+    except ConfigError as e:
+        raise ConfigError(f"{t.where}: {e}") from None
     return spec
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import results
-from .backends import get_backend
+from .backends import get_backend, preflight
 from .config import SAMPLERS, Experiment, load_experiment
 from .errors import ConfigError
 from .objective import pareto_values, pct, scalar_score
@@ -191,6 +191,8 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
         run_dir = str(target.absolute())
         local_dir = target.absolute()
     _check_backend(exp)
+    # local files only on a local cluster: a joined cluster's nodes have their own
+    preflight(exp.backend, local=not args.address)
     name_var = exp.backend.api_key_env
     if name_var and not os.environ.get(name_var):
         raise ConfigError(f"backend.api_key_env = {name_var!r}: that environment variable is "

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import results, telemetry
-from .backends import get_backend, speccounters
+from .backends import get_backend, preflight, speccounters
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import LevelPlan, measure
@@ -297,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         exp = load_experiment(args.experiment)
+        preflight(exp.backend)   # the server runs here: its model files must be here too
         sampled = _parse_set(args.set)
         known = {p.name for p in exp.space} | set(exp.backend.flags)
         unknown = sorted(set(sampled) - known - {"speculative_eagle_topk",

@@ -5,11 +5,10 @@ Two kinds:
 - ``random``: prompts of seeded random common words, one word per token for a server that
   counts whitespace words (a real tokenizer sees about one token per common word too). Input
   and output lengths are fixed or drawn uniformly from an inclusive ``(low, high)`` range.
-- ``jsonl``: one prompt per line of a file, in any of three shapes:
-  ``{"messages": [{"role": ..., "content": ...}, ...]}`` (OpenAI style),
-  ``{"conversations": [{"from": "human"|"gpt"|"system", "value": ...}, ...]}`` (ShareGPT style),
-  or ``{"prompt": "..."}``. Trailing assistant turns are dropped (they are the reference answer,
-  not part of the prompt). Output lengths come from the spec, so trials stay comparable.
+- ``jsonl``: one prompt per line of a file, in any of three shapes (see `promptfile`, which
+  reads and validates the file when the experiment loads): OpenAI ``messages``, ShareGPT
+  ``conversations`` or ``{"prompt": "..."}``. Output lengths come from the spec, so trials stay
+  comparable.
 
 Everything is deterministic per ``(seed, stream)``: ``stream`` selects an independent sequence
 (the trial gives each level its own, so a server's prefix cache never sees a repeated prompt
@@ -18,17 +17,13 @@ from an earlier level, while level k of every trial gets exactly the same prompt
 
 from __future__ import annotations
 
-import functools
 import itertools
-import json
-import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
 from specdecode_tune.config import Length, WorkloadSpec
-from specdecode_tune.errors import ConfigError
+from specdecode_tune.promptfile import load_rows
 
 # Common short English words: most tokenizers encode " word" as a single token, so a prompt of
 # N words is close to N tokens on a real server and exactly N on one that counts words.
@@ -66,18 +61,6 @@ _VOCAB = tuple(
     paint language among""".split()
 )
 
-_SHAREGPT_ROLES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bard": "assistant",
-    "bing": "assistant",
-    "model": "assistant",
-    "system": "system",
-}
-_CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
@@ -130,11 +113,8 @@ def _random_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
 
 
 def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
-    path = os.fspath(spec.path)  # type: ignore[arg-type]  # validated for kind jsonl
-    st = os.stat(path)
-    rows = _load_jsonl(path, st.st_mtime_ns, st.st_size)
-    if spec.max_prompts is not None:
-        rows = rows[: spec.max_prompts]
+    # validated (and, in the process that loaded the experiment, parsed) at load time
+    rows = load_rows(spec.path, spec.max_prompts)  # type: ignore[arg-type]
     order = list(range(len(rows)))
     while True:
         # A fresh seeded order each pass, so a file sorted by length still mixes within a level.
@@ -149,80 +129,3 @@ def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
                 float(spec.temperature),
                 spec.ignore_eos,
             )
-
-
-Rows = list[tuple[str, tuple[dict[str, str], ...] | None]]
-
-
-@functools.lru_cache(maxsize=4)
-def _load_jsonl(path: str, mtime_ns: int, size: int) -> Rows:
-    """Parse a prompt file once per (path, version); each level then only shuffles indices."""
-    del mtime_ns, size  # part of the cache key only: a rewritten file is parsed again
-    rows: Rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"workload.path {path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                _bad_row(where, f"not valid JSON ({exc.msg})", "one JSON object per line")
-            rows.append(_parse_row(obj, where))
-    if not rows:
-        _bad_row(f"workload.path {path}", "holds no prompts", "a file with at least one prompt")
-    return rows
-
-
-_ROW_SHAPES = '{"messages": [...]}, {"conversations": [...]} or {"prompt": "..."}'
-# list key -> (role field, text field, role names as written -> chat role)
-_TURN_SHAPES = {
-    "messages": ("role", "content", {r: r for r in _CHAT_ROLES}),
-    "conversations": ("from", "value", _SHAREGPT_ROLES),
-}
-
-
-def _parse_row(obj: Any, where: str) -> tuple[str, tuple[dict[str, str], ...] | None]:
-    if not isinstance(obj, dict):
-        _bad_row(where, f"got {type(obj).__name__}", f"an object {_ROW_SHAPES}")
-    key = next((k for k in _TURN_SHAPES if k in obj), None)
-    if key is None:
-        if "prompt" not in obj:
-            _bad_row(where, f"keys {sorted(obj)!r:.80}", _ROW_SHAPES)
-        text = obj["prompt"]
-        if not isinstance(text, str) or not text.strip():
-            _bad_row(where, f"prompt={text!r:.60}", "a non-empty string")
-        return text, None
-    role_key, text_key, roles = _TURN_SHAPES[key]
-    turns = obj[key]
-    if not isinstance(turns, list) or not turns:
-        _bad_row(where, f"{key}={turns!r:.60}", f"a non-empty list of {{{role_key}, {text_key}}}")
-    msgs = []
-    for t in turns:
-        name = t.get(role_key) if isinstance(t, dict) else None
-        role = roles.get(name.lower()) if isinstance(name, str) else None
-        text = _content_text(t.get(text_key)) if isinstance(t, dict) else None
-        if role is None or text is None:
-            _bad_row(where, f"turn {t!r:.60}",
-                     f'{{"{role_key}": one of {", ".join(roles)}, "{text_key}": text}}')
-        msgs.append({"role": role, "content": text})
-    while msgs and msgs[-1]["role"] == "assistant":
-        msgs.pop()   # the reference answer, not part of the prompt
-    if not any(m["role"] == "user" for m in msgs):
-        _bad_row(where, "no user turn before the last answer", "a conversation with a user turn")
-    return "\n\n".join(m["content"] for m in msgs), tuple(msgs)
-
-
-def _bad_row(where: str, what: str, allowed: str) -> NoReturn:
-    raise ConfigError(f"{where}: {what}; allowed: {allowed}")
-
-
-def _content_text(content: Any) -> str | None:
-    """OpenAI content: a string, or a list of parts of which the text parts count."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if parts and all(isinstance(p, str) for p in parts):
-            return "\n".join(parts)
-    return None

@@ -11,6 +11,8 @@ from typing import Any, ClassVar, Mapping, Protocol
 
 from ..config import BackendConfig
 from ..records import ServerFacts
+from . import files
+from .files import LocalFile
 from .llamacpp import LlamaCppBackend
 from .sglang import SGLangBackend, SimBackend
 from .vllm import VLLMBackend
@@ -38,6 +40,10 @@ class Backend(Protocol):
         """Raise ConfigError for a backend config this server kind cannot run (called before
         a search starts anything)."""
 
+    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
+        """The files on the server's machine that it would read at start-up (models, drafts,
+        tokenizers named as local paths; not hub ids), checked before a local search."""
+
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         """What the healthy server says about itself (KV budget, running limit, GPUs)."""
 
@@ -64,6 +70,16 @@ BACKENDS: dict[str, Backend] = {
     "vllm": VLLMBackend(),
     "llamacpp": LlamaCppBackend(),
 }
+
+
+def preflight(cfg: BackendConfig, *, local: bool = True) -> None:
+    """ConfigError, one line, for a backend config its server would refuse at every boot:
+    the backend's own rules (a simulator profile included) and, with `local` (the servers run
+    on this machine), the local files it names."""
+    backend = get_backend(cfg.kind)
+    backend.validate(cfg)
+    if local:
+        files.check(backend.local_files(cfg))
 
 
 def get_backend(kind: str) -> Backend:

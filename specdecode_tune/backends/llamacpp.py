@@ -52,6 +52,7 @@ from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import speccounters
+from .files import LocalFile
 from .sglang import flag_args, get_json
 
 METRICS_PREFIX = "llamacpp:"
@@ -80,6 +81,8 @@ SPEC_TYPES: dict[str, tuple[str, str | None, int | None]] = {
     "draft-eagle3": ("spec_draft_n_max", None, None),
     "draft-mtp": ("spec_draft_n_max", None, None),
 }
+# Fixed flags whose value is a file llama-server reads at start-up.
+FILE_FLAGS = ("chat_template_file", "grammar_file", "mmproj", "lora")
 # Settings that never become a flag of their own.
 _SKIP = (STEPS, TOPK, DRAFT, MEM, "max_running_requests")
 
@@ -120,6 +123,24 @@ class LlamaCppBackend:
     def validate(self, cfg: BackendConfig) -> None:
         """Raise ConfigError for a config this backend cannot serve (call before a search)."""
         spec_type(cfg)
+
+    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
+        """`--model` (always a local GGUF: llama-server downloads nothing with it), the draft
+        of a draft-* speculation, and the fixed flags that name files."""
+        gguf = "a GGUF model file"
+        files = [LocalFile("backend.model_path", cfg.model_path, expand_path(cfg.model_path),
+                           f"{gguf} (llama-server --model)", file_only=True)]
+        kind = spec_type(cfg)
+        if kind is not None and kind.startswith("draft-") and cfg.draft_model_path:
+            files.append(LocalFile("backend.draft_model_path", cfg.draft_model_path,
+                                   expand_path(cfg.draft_model_path),
+                                   f"{gguf} (llama-server --spec-draft-model)", file_only=True))
+        for name in FILE_FLAGS:
+            value = cfg.flags.get(name)
+            if isinstance(value, str):
+                files.append(LocalFile(f"backend.flags.{name}", value, expand_path(value),
+                                       f"a file (llama-server {_flag(name)})", file_only=True))
+        return files
 
     def spec_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
         """The speculation flags, with their length flags (see the module docstring)."""

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping
 from ..config import BackendConfig
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
+from .files import LocalFile, hub_or_local
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
@@ -87,6 +88,15 @@ class SGLangBackend:
     def validate(self, cfg: BackendConfig) -> None:
         return None
 
+    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
+        """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each
+        may be a hub id instead; SGLang takes them as written)."""
+        files = hub_or_local("backend.model_path", cfg.model_path)
+        if cfg.speculative_algorithm:
+            files += hub_or_local("backend.draft_model_path", cfg.draft_model_path)
+        return files + hub_or_local("backend.flags.tokenizer_path",
+                                    cfg.flags.get("tokenizer_path"))
+
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
         return shlex.join(head + self.server_args(cfg, params))
@@ -143,6 +153,14 @@ class SimBackend(SGLangBackend):
         if cfg.boot_time_s is not None:
             args += ["--boot-time", _fmt(float(cfg.boot_time_s))]
         return args
+
+    def validate(self, cfg: BackendConfig) -> None:
+        """The profile every boot would load: missing, unreadable, not TOML, bad values."""
+        from ..sim.profile import DEFAULT_PROFILE, load_profile
+        load_profile(cfg.profile or DEFAULT_PROFILE)
+
+    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
+        return []   # the simulator loads no model: model_path and the draft are names only
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         # The simulator stands in for SGLang: the command to take away is SGLang's.

@@ -49,6 +49,7 @@ from ..enginecache import cache_dir, expand_path
 from ..records import ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import speccounters
+from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
 
 METRICS_PREFIX = "vllm:"
@@ -101,6 +102,15 @@ class VLLMBackend:
 
     def validate(self, cfg: BackendConfig) -> None:
         return None   # vLLM checks its own speculative config at boot (-> invalid_args)
+
+    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
+        """The model, the draft (in --speculative-config) and `--tokenizer` where they are
+        local paths (each may be a hub id instead)."""
+        files = hub_or_local("backend.model_path", cfg.model_path, expand_path(cfg.model_path))
+        if cfg.speculative_algorithm and cfg.draft_model_path:
+            files += hub_or_local("backend.draft_model_path", cfg.draft_model_path,
+                                  expand_path(cfg.draft_model_path))
+        return files + hub_or_local("backend.flags.tokenizer", cfg.flags.get("tokenizer"))
 
     def _head(self, cfg: BackendConfig) -> list[str]:
         model = expand_path(cfg.model_path)

@@ -197,14 +197,30 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
 
 @lru_cache(maxsize=32)
 def _load(path: Path) -> Profile:
+    allowed = f"a profile TOML file, or a bundled profile: {', '.join(available_profiles())}"
+    if path.is_dir():
+        raise ConfigError(f"profile {path}: is a directory; allowed: {allowed}")
     if not path.is_file():
         raise ConfigError(
             f"profile {str(path)!r} not found; bundled profiles: {', '.join(available_profiles())}"
         )
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"profile {path}: cannot read ({e.strerror}); allowed: {allowed}") \
+            from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"profile {path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x}); "
+                          f"allowed: UTF-8 TOML") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"profile {path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"profile {path}: TOML nested too deeply to read") from None
     return profile_from_dict(data, source=str(path))
 
 

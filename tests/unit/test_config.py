@@ -124,3 +124,73 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_experiment(tmp_path / "bin.toml")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the experiment names: read and checked when it loads, relative ones made absolute
+
+
+def with_workload(text: str, path: str) -> str:
+    return text.replace("[measure]", f'[workload]\nkind = "jsonl"\npath = "{path}"\n[measure]', 1)
+
+
+def test_a_bad_prompt_line_fails_the_load_naming_both_files_and_the_line(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
+    with pytest.raises(ConfigError) as info:
+        load_experiment(write(tmp_path, with_workload(GOOD, "p.jsonl")))
+    msg = str(info.value)
+    assert msg == (f"{tmp_path / 'exp.toml'}: workload.path {tmp_path / 'p.jsonl'}:2: "
+                   f"prompt=3; allowed: a non-empty string"), msg
+
+
+def test_a_prompt_path_that_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "prompts").mkdir()
+    with pytest.raises(ConfigError, match=r"exp\.toml: workload\.path .*prompts: is a directory"):
+        load_experiment(write(tmp_path, with_workload(GOOD, "prompts")))
+
+
+def test_a_profile_path_is_found_from_the_experiment_s_folder(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text("# a profile\n")
+    monkeypatch.chdir(REPO)
+    exp = load_experiment(write(tmp_path, GOOD.replace('"seed-qwen35-122b"',
+                                                       '"profiles/mine.toml"')))
+    assert exp.backend.profile == str(tmp_path / "profiles" / "mine.toml")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("profiles/none.toml", "no such profile file; allowed: an existing profile TOML file"),
+    ("profiles/", "is a directory; allowed: a profile TOML file"),
+])
+def test_a_bad_profile_path(tmp_path: Path, value: str, words: str) -> None:
+    (tmp_path / "profiles").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_experiment(write(tmp_path, GOOD.replace('"seed-qwen35-122b"', f'"{value}"')))
+    msg = str(info.value)
+    assert msg.startswith(f"{tmp_path / 'exp.toml'}: backend.profile = {value!r}: ")
+    assert words in msg and "\n" not in msg
+
+
+def test_local_model_paths_are_made_absolute_hub_ids_are_kept(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    (tmp_path / "models" / "draft").mkdir(parents=True)
+    (tmp_path / "tiny.gguf").write_text("")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "server").write_text("")
+    monkeypatch.chdir(REPO)
+    text = GOOD.replace('profile = "seed-qwen35-122b"',
+                        'model_path = "tiny.gguf"\ndraft_model_path = "models/draft"\n'
+                        'binary = "bin/server"')
+    b = load_experiment(write(tmp_path, text)).backend
+    assert (b.model_path, b.draft_model_path, b.binary) == (
+        str(tmp_path / "tiny.gguf"), str(tmp_path / "models" / "draft"),
+        str(tmp_path / "bin" / "server"))
+    text = GOOD.replace('profile = "seed-qwen35-122b"',
+                        'model_path = "Qwen/Qwen3.5-122B"\ndraft_model_path = "gone/draft"\n'
+                        'binary = "llama-server"')
+    b = load_experiment(write(tmp_path, text)).backend
+    assert (b.model_path, b.draft_model_path, b.binary) == (
+        "Qwen/Qwen3.5-122B", "gone/draft", "llama-server")

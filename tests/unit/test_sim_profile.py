@@ -92,3 +92,37 @@ def test_validation_names_key_value_and_allowed(edit, message: str) -> None:
     text = str(e.value)
     assert message in text and text.startswith("profile x.toml: ")
     assert "\n" not in text
+
+
+def test_a_directory_is_not_a_profile(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is a directory; allowed: a profile TOML file"):
+        load_profile(str(tmp_path) + "/")
+
+
+def test_a_profile_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'name = "x"\ndescription = "caf\xe9"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_profile(path)
+    assert str(exc.value) == f"profile {path}: line 2: not UTF-8 (byte 0xe9); allowed: UTF-8 TOML"
+
+
+def test_an_unreadable_profile_is_a_config_error(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "locked.toml"
+    path.write_text(SEED_TOML.read_text())
+
+    def deny(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", deny)
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: deny(self))
+    with pytest.raises(ConfigError, match=r"locked\.toml: cannot read \(Permission denied\)"):
+        load_profile(path)
+
+
+def test_a_profile_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"deep\.toml: (TOML nested too deeply|not valid TOML)"):
+        load_profile(path)

@@ -150,3 +150,102 @@ def test_empty_jsonl_is_an_error(tmp_path: Path) -> None:
     path.write_text("\n\n")
     with pytest.raises(ConfigError, match="holds no prompts; allowed"):
         make_prompts(WorkloadSpec(kind="jsonl", path=str(path)), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# A prompt file is read and checked when the spec is made (the experiment loads), not in a trial
+
+
+def test_a_bad_line_fails_when_the_spec_is_made_not_when_prompts_are_drawn(
+        tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "fine"}, "{broken"])
+    with pytest.raises(ConfigError, match=r"p\.jsonl:2: not valid JSON"):
+        WorkloadSpec(kind="jsonl", path=str(path))
+
+
+def test_blank_lines_are_skipped_and_still_counted(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "a"}\n\n   \r\n{"prompt": "b"}\r\n\n[3]\n')
+    with pytest.raises(ConfigError, match=r"p\.jsonl:6: got list"):
+        WorkloadSpec(kind="jsonl", path=str(path))
+
+
+def test_not_utf8_names_the_line_and_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ConfigError) as exc:
+        WorkloadSpec(kind="jsonl", path=str(path))
+    msg = str(exc.value)
+    assert f"{path}:2: not UTF-8 (byte 0xe9 at column 16); allowed: UTF-8 text" in msg, msg
+
+
+def test_a_utf8_byte_order_mark_on_the_first_line_is_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "from a Windows editor"}\n')
+    spec = WorkloadSpec(kind="jsonl", path=str(path))
+    assert make_prompts(spec, 1)[0].text == "from a Windows editor"
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("[" * 100_000 + "]" * 100_000, ":1: JSON nested too deeply to read"),
+        ('{"prompt": ' + "7" * 5000 + "}", ":1: not valid JSON (Exceeds the limit"),
+        ('{"messages": [{"role": "user", "content": ""}]}', ":1: messages whose turns are all empty"),
+    ],
+    ids=["deep", "huge-int", "empty-turns"],
+)
+def test_lines_json_itself_chokes_on_are_one_line_errors(tmp_path: Path, line: str,
+                                                         expected: str) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [line])
+    with pytest.raises(ConfigError) as exc:
+        WorkloadSpec(kind="jsonl", path=str(path))
+    assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_directory_is_not_a_prompt_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory; allowed: a JSONL prompt file"):
+        WorkloadSpec(kind="jsonl", path=str(tmp_path))
+
+
+def test_an_unreadable_file_is_a_config_error(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}])
+    real_open = builtins.open
+
+    def deny(file: object, *args: object, **kwargs: object) -> object:
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", deny)
+    with pytest.raises(ConfigError, match=r"p\.jsonl: cannot read \(Permission denied\)"):
+        make_prompts(WorkloadSpec(kind="jsonl", path=str(path)), 1)
+
+
+def test_max_prompts_bounds_the_read(tmp_path: Path) -> None:
+    # Lines after the first max_prompts prompts are read by nobody, so not checked either.
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}, "{broken"])
+    spec = WorkloadSpec(kind="jsonl", path=str(path), max_prompts=2)
+    assert {p.text for p in make_prompts(spec, 4)} == {"a", "b"}
+
+
+def test_the_file_is_parsed_once_per_process(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"p{i}"} for i in range(5)])
+    spec = WorkloadSpec(kind="jsonl", path=str(path), seed=3)   # reads and checks it
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting(file: object, *args: object, **kwargs: object) -> object:
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", counting)
+    for stream in range(3):
+        assert len(make_prompts(spec, 5, stream=stream)) == 5
+    assert str(path) not in opened
