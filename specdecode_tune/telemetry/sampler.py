@@ -45,7 +45,8 @@ class TelemetrySampler:
 
     def __init__(self, gpu_env: str | None, *, interval_s: float = 0.5,
                  own_pids: Callable[[], set[int]] | None = None, nvml: Any = None,
-                 rules: SuspectRules = SuspectRules()) -> None:
+                 rules: SuspectRules = SuspectRules(),  # noqa: B008 - frozen, so shareable
+                 ) -> None:
         if not interval_s > 0.0:
             raise ValueError(f"interval_s must be > 0, got {interval_s=}")
         self.gpu_env = gpu_env
@@ -113,7 +114,7 @@ class TelemetrySampler:
             nvml.nvmlInit()
         except self._errors + (OSError,) as e:
             return f"NVML could not start: {error_name(e)} ({e})"
-        except Exception as e:   # telemetry must never fail a trial
+        except Exception as e:  # noqa: BLE001 - telemetry must never fail a trial
             log.exception("GPU telemetry: unexpected error starting NVML")
             return f"NVML could not start: {e!r}"
         self._initialised = True
@@ -127,7 +128,7 @@ class TelemetrySampler:
                     f"no GPU of CUDA_VISIBLE_DEVICES={self.gpu_env!r} is known to NVML"
         except self._errors as e:
             why = f"NVML could not list the GPUs: {error_name(e)} ({e})"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - telemetry must never fail a trial
             log.exception("GPU telemetry: unexpected error listing the GPUs")
             why = f"NVML could not list the GPUs: {e!r}"
         if why is not None:
@@ -183,7 +184,7 @@ class TelemetrySampler:
             self._window_start = time.perf_counter()
         try:
             return summarize(samples, [g.uuid for g in self.gpus], self.rules)
-        except Exception as e:   # a bug here must not cost a measured level
+        except Exception as e:  # noqa: BLE001 - a bug here must not cost a measured level
             log.exception("GPU telemetry: could not summarize a level")
             return LevelTelemetry(available=True, gpus=tuple(g.uuid for g in self.gpus),
                                   samples=tuple(samples), caveats=(f"telemetry error: {e!r}",))
