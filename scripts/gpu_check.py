@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from specdecode_tune import telemetry
+from specdecode_tune import procfs, telemetry
 
 # Prints, as JSON, the UUIDs of the devices CUDA shows this process, in CUDA's order.
 CUDA_UUIDS = r"""
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     report["gpus"] = [{"cuda_index_pci_order": r.cuda_index, "nvml_index": r.nvml_index,
                        "uuid": r.uuid, "pci_bus_id": r.pci_bus_id, "name": r.name}
                       for r in everything]
-    report["host_pid_namespace"] = telemetry._host_pid_namespace()
+    report["host_pid_namespace"] = procfs.in_host_pid_namespace()
     checks.append(Check("nvml", True, f"{count} GPU(s), driver {report['driver']}, "
                         f"host PID namespace: {report['host_pid_namespace']}\n" + "\n".join(
                             f"    nvml {r.nvml_index} {r.pci_bus_id} {r.uuid} {r.name}"

@@ -31,7 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .server import _boot_id, _proc_start_ticks, _write_json_atomic, pid_running
+from . import procfs
+from .server import _write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +49,12 @@ def _session_pattern(driver_pid: int) -> re.Pattern[str]:
                       rf"{driver_pid}(?:/|$)")
 
 
-def _holds_session(pid: str, pattern: re.Pattern[str]) -> bool:
+def _holds_session(pid: int, pattern: re.Pattern[str]) -> bool:
     """Whether the process's command line or one of its open files is in the session dir."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if pattern.search(f.read().decode(errors="replace").replace("\0", " ")):
-                return True
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+    args = procfs.cmdline(pid)
+    if args is None:
         return False
-    for fd in fds:
-        try:
-            if pattern.search(os.readlink(f"/proc/{pid}/fd/{fd}")):
-                return True
-        except OSError:
-            continue
-    return False
+    return any(pattern.search(item) for item in args + (procfs.open_files(pid) or []))
 
 
 def driver_processes(token: str, driver_pid: int | None = None, *,
@@ -76,31 +67,26 @@ def driver_processes(token: str, driver_pid: int | None = None, *,
     pattern = _session_pattern(driver_pid) if driver_pid else None
     skip = set(exclude)
     found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit() or int(name) in skip:
+    for pid in procfs.pids() or ():
+        if pid in skip:
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                mine = needle in f.read().split(b"\0")
-        except OSError:
+        env = procfs.environ(pid)
+        if env is None:
             continue
+        mine = needle in env
         if not mine and pattern is not None:
-            mine = _holds_session(name, pattern)
-        if mine and pid_running(int(name)):
-            found.append(int(name))
+            mine = _holds_session(pid, pattern)
+        if mine and procfs.pid_running(pid):
+            found.append(pid)
     return sorted(found)
 
 
 def end_processes(pids: Iterable[int], grace_s: float = 3.0, poll_s: float = 0.05) -> list[int]:
     """SIGTERM each pid, up to `grace_s` for them to exit, then SIGKILL what is left.
     Returns the pids that were alive when asked to end."""
-    alive = [p for p in pids if p > 1 and p != os.getpid() and pid_running(p)]
+    alive = [p for p in pids if p > 1 and p != os.getpid() and procfs.pid_running(p)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
-        if not any(pid_running(p) for p in alive):
+        if not any(procfs.pid_running(p) for p in alive):
             break
         for pid in alive:
             try:
@@ -108,7 +94,7 @@ def end_processes(pids: Iterable[int], grace_s: float = 3.0, poll_s: float = 0.0
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + wait_s
-        while any(pid_running(p) for p in alive) and time.monotonic() < deadline:
+        while any(procfs.pid_running(p) for p in alive) and time.monotonic() < deadline:
             time.sleep(poll_s)
     return alive
 
@@ -124,12 +110,10 @@ def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
         out.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read().decode(errors="replace")
-            pid = int(raw[raw.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+        fields = procfs.stat_fields(pid)
+        if fields is None or len(fields) < 2 or not fields[1].isdigit():
             break
+        pid = int(fields[1])               # the parent
     return out
 
 
@@ -158,13 +142,13 @@ def reap_driver(directory: str | os.PathLike[str]) -> list[int]:
         return []
     if record.get("host") != socket.gethostname():
         return []                             # another machine's driver: not ours to judge
-    boot = _boot_id()
+    boot = procfs.boot_id()
     if boot is not None and record.get("boot_id") not in (None, boot):
         path.unlink(missing_ok=True)          # before a reboot: its processes are gone
         return []
     pid, start, token = record.get("pid"), record.get("proc_start"), record.get("token")
-    if isinstance(pid, int) and pid != os.getpid() and pid_running(pid) and \
-            (start is None or _proc_start_ticks(pid) == start):
+    if isinstance(pid, int) and pid != os.getpid() and procfs.pid_running(pid) and \
+            (start is None or procfs.start_ticks(pid) == start):
         raise RunInUse(pid)
     ended = end_driver_processes(token, pid if isinstance(pid, int) else None) \
         if isinstance(token, str) and token else []
@@ -176,8 +160,8 @@ def record_driver(directory: str | os.PathLike[str], token: str) -> Path:
     """Write this driver's record (pid, start time, host, boot, token) into `directory`."""
     path = Path(directory) / DRIVER_FILE
     _write_json_atomic(path, {"kind": DRIVER_MARKER, "pid": os.getpid(),
-                              "proc_start": _proc_start_ticks(os.getpid()),
-                              "host": socket.gethostname(), "boot_id": _boot_id(),
+                              "proc_start": procfs.start_ticks(os.getpid()),
+                              "host": socket.gethostname(), "boot_id": procfs.boot_id(),
                               "token": token})
     return path
 

@@ -27,8 +27,8 @@ The lifecycle follows vLLM's `benchmarks/sweep`:
   is gone. If this process is SIGKILLed, a later run calls `reap_orphans(dir)`, which ends the
   groups whose owner is dead after checking that each pid still is the process recorded.
 
-Linux is assumed for `/proc` (zombie filtering, start times, command lines); where `/proc` is
-missing the checks degrade to `os.killpg(pgid, 0)` alone.
+Linux is assumed for `/proc` (zombie filtering, start times, command lines; read through
+`procfs`); where `/proc` is missing the checks degrade to `os.killpg(pgid, 0)` alone.
 """
 
 from __future__ import annotations
@@ -55,6 +55,14 @@ from types import TracebackType
 from typing import Any, Literal, NoReturn
 
 from .errors import ServerStartError
+
+# /proc is read in procfs; these names stay importable from here (pid_running above all).
+from .procfs import boot_id as _boot_id
+from .procfs import cmdline as _proc_cmdline
+from .procfs import pid_running
+from .procfs import pids as _proc_pids
+from .procfs import start_ticks as _proc_start_ticks
+from .procfs import stat_fields as _proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -222,61 +230,17 @@ def classify_failure(returncode: int | None, log_tail: str) -> tuple[str, str]:
 # Process groups
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat from field 3 (state) on; None if the pid is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def _proc_start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, an identity that a
-    recycled pid cannot fake."""
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
-def _proc_cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def pid_running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _proc_stat(pid)
-    if fields is None:
-        return not os.path.isdir("/proc")
-    return fields[0] != "Z"
-
-
 def _group_members(pgid: int) -> list[int] | None:
     """Live (non-zombie) pids of group `pgid`, or None where /proc cannot be read."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
+    pids = _proc_pids()
+    if pids is None:
         return None
     members = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        fields = _proc_stat(int(name))
+    for pid in pids:
+        fields = _proc_stat(pid)
         if fields is not None and len(fields) > 2 and int(fields[2]) == pgid \
                 and fields[0] != "Z":
-            members.append(int(name))
+            members.append(pid)
     return members
 
 
@@ -344,14 +308,6 @@ def kill_process_group(pgid: int, grace_s: float = 10.0, *, kill_wait_s: float =
 
 # ---------------------------------------------------------------------------------------------
 # Pidfiles and orphans
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:

@@ -46,7 +46,7 @@ def fresh_log_once() -> Iterator[None]:
 @pytest.fixture
 def host_pid_ns(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML's pids are this namespace's (as on a host, or a driver that translates them)."""
-    monkeypatch.setattr(telemetry, "_host_pid_namespace", lambda: True)
+    monkeypatch.setattr(telemetry.sampler, "in_host_pid_namespace", lambda: True)
 
 
 def unused_pid() -> int:
@@ -60,7 +60,7 @@ def unused_pid() -> int:
 
 @pytest.fixture
 def container_pid_ns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry, "_host_pid_namespace", lambda: False)
+    monkeypatch.setattr(telemetry.sampler, "in_host_pid_namespace", lambda: False)
 
 
 @pytest.fixture
@@ -571,7 +571,7 @@ def test_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing() -> None:
         raise ImportError("No module named 'pynvml'")
 
-    monkeypatch.setattr(telemetry, "_load_nvml", missing)
+    monkeypatch.setattr(telemetry.sampler, "load_nvml", missing)
     s = TelemetrySampler(None).start()
     assert not s.available and s.why.startswith("nvidia-ml-py is not installed")
     assert not s.stop().available
