@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .errors import RunInUse
 from .server import _boot_id, _proc_start_ticks, _write_json_atomic, pid_running
 
 log = logging.getLogger(__name__)
@@ -131,14 +132,6 @@ def _ancestors() -> set[int]:
         except (OSError, ValueError, IndexError):
             break
     return out
-
-
-class RunInUse(Exception):
-    """Another live driver runs this run dir."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(pid)
-        self.pid = pid
 
 
 def _read(path: Path) -> dict[str, Any] | None:

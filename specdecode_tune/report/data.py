@@ -32,7 +32,7 @@ import pyarrow.fs as pafs
 
 from .. import results
 from ..config import Experiment, experiment_from_dict
-from ..errors import ConfigError, SpecTuneError
+from ..errors import ConfigError, RunDirError
 from ..objective import Robust, noise_band, scalar_score
 from ..records import LevelSummary, ServerFacts
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
@@ -42,10 +42,6 @@ EXPERIMENT_FILE = "experiment.toml"  # the search copies the experiment here
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
-
-
-class RunDirError(SpecTuneError, ValueError):
-    """The run dir is missing, unreadable or holds no trials (the CLI exits 2 with it)."""
 
 
 @dataclass(frozen=True)
