@@ -714,6 +714,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def run_search(experiment: str | Path, *args: str) -> int:
+    """Search `experiment` as the command line does, with its further arguments (e.g.
+    `"--max-trials", "4"`); returns the command's exit status."""
+    return main(["--experiment", str(experiment), *args])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
