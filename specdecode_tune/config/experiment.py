@@ -10,9 +10,10 @@ found is raised as a one-line `ConfigError`; nothing is started or written befor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..space import ParamSpec, first_valid_point

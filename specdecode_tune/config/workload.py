@@ -11,9 +11,10 @@ and checked line by line at construction, before anything starts.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, NoReturn
+from typing import Any, NoReturn
 
 from ..errors import ConfigError
 from ..promptfile import load_rows
