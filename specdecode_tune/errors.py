@@ -1,8 +1,46 @@
-"""The project's exception tree.
+"""The project's exception tree: what is raised on purpose, where it lives, who answers it.
+
+Defined here (the errors a user of the CLIs or of the package meets):
 
     SpecTuneError             base of everything raised on purpose
-    ├── ConfigError           bad experiment file or CLI input: the CLI prints one line, exit 2
-    └── ServerStartError      a server did not become healthy; `.kind` classifies why
+    ├── ConfigError           bad experiment file or CLI input (also ValueError). The message is
+    │                         one line naming the key, the value and what is allowed. The
+    │                         search, trial, report and simulator CLIs print `error: <message>`
+    │                         and exit 2; an experiment is checked whole before anything is
+    │                         started or written.
+    ├── ServerStartError      a server did not become healthy; `.kind` (START_FAILURE_KINDS)
+    │                         classifies why. Raised by `server.ServerProcess`; the trial turns
+    │                         it into data: status "infeasible" (oom, kv_memory) or "failed",
+    │                         reason "<kind>: <reason>". It never reaches a CLI.
+    ├── RunDirError           a run dir is missing, unreadable or holds no trials (also
+    │                         ValueError). Raised by `report.data.read_run`; the report CLI
+    │                         prints `error: ...` and exits 2; the search, whose tables are
+    │                         written by then, prints "report: not written (...)" and exits 0.
+    └── RunInUse              another live search drives this run dir; `.pid` is its PID.
+                              Raised by `leftovers.reap_driver`; the search CLI prints which
+                              PID holds the run and exits 2.
+
+Defined in the simulator (`specdecode_tune.sim`, a separate server program):
+
+    SpecTuneError
+    └── sim.model.StartupError   the simulated server cannot start; `.kind` is invalid_args,
+                                 kv_memory or oom, `.exit_code` 2 or 1. The simulator's CLI
+                                 logs it as SGLang would and exits with that code; the search's
+                                 pre-flight turns one from `normalize_params` into a ConfigError.
+    ValueError
+    ├── sim.api.BadRequest       a request body the simulator answers with HTTP 400
+    └── sim.scheduler.RequestRejected  a request that can never be served (too long): HTTP 400
+    Exception
+    └── sim.server.InjectedCrash an injected crash at start (fault crash-at-start): the
+                                 simulator logs it as SGLang logs a crash and exits 1
+
+Internal to one module, never past it:
+
+    load.SSEError         a stream broke SSE framing (an oversized event); the request's record
+                          gets error "malformed stream (...)"
+    load._StreamError     a stream said something unusable; its message is the record's error
+    trial._ServerGone     the server died or stopped answering mid-level: the trial stops
+                          measuring, keeps the finished levels, status "failed"
 
 Expected failures of a measured system (boot failure, OOM, a crash mid-level, a timed-out
 request) are not exceptions past the trial boundary: they become data (a trial with a status and
@@ -37,3 +75,15 @@ class ServerStartError(SpecTuneError):
         self.kind = kind
         self.reason = reason
         self.log_tail = log_tail
+
+
+class RunDirError(SpecTuneError, ValueError):
+    """The run dir is missing, unreadable or holds no trials (the CLI exits 2 with it)."""
+
+
+class RunInUse(SpecTuneError):
+    """Another live driver runs this run dir."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self.pid = pid

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procfs
+from .errors import RunInUse
 from .server import _write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -115,14 +116,6 @@ def _ancestors() -> set[int]:
             break
         pid = int(fields[1])               # the parent
     return out
-
-
-class RunInUse(Exception):
-    """Another live driver runs this run dir."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(pid)
-        self.pid = pid
 
 
 def _read(path: Path) -> dict[str, Any] | None:

@@ -43,6 +43,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .records import TRIAL_STATUSES, LevelSummary, RequestRecord, ServerFacts, TrialResult
+from .space import SHORT_NAMES
 
 SCHEMA_VERSION = "1"
 TABLES_DIR = "tables"
@@ -181,10 +182,6 @@ def _normalized(value: Any) -> Any:
     return value
 
 
-_SHORT_NAMES = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
-                "speculative_num_draft_tokens": "draft", "mem_fraction_static": "mem"}
-
-
 def config_key(params: Mapping[str, Any], *, readable: bool = False) -> str:
     """A stable id of a parameter set: the first 12 hex digits of the SHA-256 of its canonical
     JSON. Keys whose value is None are left out (unset == not given) and integral floats count
@@ -195,7 +192,7 @@ def config_key(params: Mapping[str, Any], *, readable: bool = False) -> str:
     digest = hashlib.sha256(params_json(canon).encode()).hexdigest()[:12]
     if not readable:
         return digest
-    parts = [f"{_SHORT_NAMES.get(k, k)}={json.dumps(v, separators=(',', ':'))}"
+    parts = [f"{SHORT_NAMES.get(k, k)}={json.dumps(v, separators=(',', ':'))}"
              for k, v in sorted(canon.items())]
     return f"{','.join(parts)}#{digest}"
 

@@ -43,7 +43,7 @@ from .searcher import JUMP_KEY, REPEAT_KEY, SAMPLER_KEY, RepeatingSearcher, Spec
 from .leftovers import (RUN_TOKEN_ENV, RunInUse, end_driver_processes, forget_driver,
                         reap_driver, record_driver)
 from .server import reap_orphans
-from .space import BASELINE, DefineByRun, resolve
+from .space import BASELINE, SHORT_NAMES, DefineByRun, resolve
 from .trial import TrialContext, run_trial
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -441,14 +441,10 @@ def short_reason(reason: str, limit: int = REASON_CHARS) -> str:
     return cut.rstrip(" ,;:.(") + "…"
 
 
-_SHORT = {"speculative_num_steps": "steps", "speculative_eagle_topk": "topk",
-          "speculative_num_draft_tokens": "draft", "mem_fraction_static": "mem"}
-
-
 def describe(params: dict[str, Any], fixed: dict[str, Any] | None = None) -> str:
     """Short form of a point: the speculative triple first, then the rest; settings equal to
     the experiment's fixed flags are left out."""
-    order = {k: i for i, k in enumerate(_SHORT)}
+    order = {k: i for i, k in enumerate(SHORT_NAMES)}
     parts = []
     for k in sorted(params, key=lambda k: (order.get(k, len(order)), k)):
         v = params[k]
@@ -457,7 +453,7 @@ def describe(params: dict[str, Any], fixed: dict[str, Any] | None = None) -> str
         if k == "speculative_num_steps" and v == 0:
             return "no speculation (baseline)"
         v = f"{v:.3g}" if isinstance(v, float) else v
-        parts.append(f"{_SHORT.get(k, k)}={v}")
+        parts.append(f"{SHORT_NAMES.get(k, k)}={v}")
     return " ".join(parts) or "baseline"
 
 
@@ -716,6 +712,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="plateau | tpe | nsga2 | random | model (default: the experiment's)")
     ap.add_argument("--seed", type=int, default=None, help="sampler seed")
     return ap.parse_args(argv)
+
+
+def run_search(experiment: str | Path, *args: str) -> int:
+    """Search `experiment` as the command line does, with its further arguments (e.g.
+    `"--max-trials", "4"`); returns the command's exit status."""
+    return main(["--experiment", str(experiment), *args])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The search space and the rules of speculative-decoding parameters.
 
-SGLang's rules (see ../shared/SERVERS.md) decide which points are real configurations:
+SGLang's rules for its speculative flags decide which points are real configurations:
 - the three numbers (steps, topk, draft tokens) are set together or not at all;
 - with topk = 1 the server forces draft tokens = steps + 1, so draft tokens are derived, not
   searched (searching them would boot the same server twice under two names);
@@ -20,6 +20,11 @@ STEPS = "speculative_num_steps"
 TOPK = "speculative_eagle_topk"
 DRAFT = "speculative_num_draft_tokens"
 MEM = "mem_fraction_static"
+# Search parameters with a fixed meaning; any other name is a server flag (--name-with-dashes).
+SPEC_PARAMS = (STEPS, TOPK, DRAFT)
+# How tables, logs and reports write a parameter in short, in this order (the speculative triple
+# first); a name not here is written in full.
+SHORT_NAMES: dict[str, str] = {STEPS: "steps", TOPK: "topk", DRAFT: "draft", MEM: "mem"}
 PARAM_TYPES = ("int", "float", "categorical")
 
 # The point every search measures first: the same server without speculation.

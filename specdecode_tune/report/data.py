@@ -32,21 +32,16 @@ import pyarrow.fs as pafs
 
 from .. import results
 from ..config import Experiment, experiment_from_dict
-from ..errors import ConfigError, SpecTuneError
+from ..errors import ConfigError, RunDirError
 from ..objective import Robust, noise_band, scalar_score
 from ..records import LevelSummary, ServerFacts
-from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
+from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
 
 BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
 EXPERIMENT_FILE = "experiment.toml"  # the search copies the experiment here
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
-SHORT = {STEPS: "steps", TOPK: "topk", DRAFT: "draft", MEM: "mem"}
-
-
-class RunDirError(SpecTuneError, ValueError):
-    """The run dir is missing, unreadable or holds no trials (the CLI exits 2 with it)."""
 
 
 @dataclass(frozen=True)
@@ -374,7 +369,7 @@ def describe(params: Mapping[str, Any], *, only: Sequence[str] | None = None) ->
         v = params[k]
         if v is None or k.startswith("_"):
             continue
-        parts.append(f"{SHORT.get(k, k)}={fmt_value(v)}")
+        parts.append(f"{SHORT_NAMES.get(k, k)}={fmt_value(v)}")
     return " ".join(parts)
 
 

@@ -41,8 +41,8 @@ from typing import Any
 from ..backends import get_backend
 from ..config import Experiment
 from ..objective import compare, pct
-from ..space import DRAFT, MEM, STEPS, TOPK
-from .data import SHORT, Config, RunData, band_pct, describe, fmt_value
+from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK
+from .data import Config, RunData, band_pct, describe, fmt_value
 
 SGLANG_SCHEDULE_FILE = "sglang-adaptive-config.json"
 VLLM_SCHEDULE_FILE = "vllm-speculative-config.json"
@@ -268,7 +268,7 @@ def _vllm_config(exp: Experiment | None, params: dict[str, Any]) -> dict[str, An
 def _differing(entries: tuple[Entry, ...], exclude: tuple[str, ...]) -> list[str]:
     spec = [e.config.params for e in entries if e.steps > 0]
     keys = sorted({k for p in spec for k in p} - set(exclude))
-    return [SHORT.get(k, k) for k in keys if len({json.dumps(p.get(k)) for p in spec}) > 1]
+    return [SHORT_NAMES.get(k, k) for k in keys if len({json.dumps(p.get(k)) for p in spec}) > 1]
 
 
 def schedule_json(content: dict[str, Any]) -> str:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..objective import pct
-from ..space import DRAFT, STEPS, TOPK
-from .data import SHORT, Config, RunData, band_pct, fmt_value
+from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
+from .data import Config, RunData, band_pct, fmt_value
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class AxisVerdict:
 
 
 def _name(axis: str) -> str:
-    return SHORT.get(axis, axis)
+    return SHORT_NAMES.get(axis, axis)
 
 
 def _diff(a: Config, b: Config, c: int) -> float | None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.space import SHORT_NAMES
 
 log = logging.getLogger("specdecode_tune.sim")
 
@@ -71,9 +72,8 @@ _ARGS: dict[str, tuple[tuple[str, Callable[[str], Any]], ...]] = {
     "slowdown-after": (_SECONDS, _FACTOR),
 }
 
-SHORT_NAMES = {"steps": "speculative_num_steps", "topk": "speculative_eagle_topk",
-               "draft": "speculative_num_draft_tokens", "mem": "mem_fraction_static",
-               "tp": "tp_size"}
+# A condition names a parameter in full or by its short name (tp: tp_size).
+_FULL_NAMES = {short: name for name, short in SHORT_NAMES.items()} | {"tp": "tp_size"}
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge, "<=": operator.le, "!=": operator.ne, "=": operator.eq,
     ">": operator.gt, "<": operator.lt}
@@ -136,7 +136,7 @@ def parse_fault(text: str) -> Fault:
         if m is None:
             raise ConfigError(f"--fault {text!r}: condition {cond!r} must be NAME OP NUMBER, "
                               f"e.g. steps>=10 (OP: =, !=, >=, <=, >, <)")
-        name = SHORT_NAMES.get(m.group(1), m.group(1).replace("-", "_"))
+        name = _FULL_NAMES.get(m.group(1), m.group(1).replace("-", "_"))
         number = _float(m.group(3), -math.inf, math.inf)
         if number is None:
             raise ConfigError(f"--fault {text!r}: {m.group(3)!r} is not a number")
