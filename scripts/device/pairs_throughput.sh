@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# On a GPU machine (after step1-3): the same six llama-server trials with one GPU per trial,
-# run one at a time and then two at a time; prints each trial's GPUs and trials per hour.
-export PYTHONPATH="/tmp/site:$PWD" SPECDECODE_CACHE=/tmp/sdc PYTHONUNBUFFERED=1
+# On a GPU machine of 2+ GPUs, after gpu_search.py's route has installed the wheels, built the
+# server and made the model (its work dir /tmp/specdecode-gpu): the same six llama-server trials
+# with one GPU per trial, run one at a time and then two at a time; prints each trial's GPUs and
+# trials per hour.
+W=/tmp/specdecode-gpu
+export PYTHONPATH="$W/site:$PWD" SPECDECODE_CACHE="$W/cache" PYTHONUNBUFFERED=1
 for n in 1 2; do
   sed -e 's/^gpus_per_trial = 2/gpus_per_trial = 1/' -e "s/^max_concurrent = 1/max_concurrent = $n/" \
       -e 's/^repeats = 2/repeats = 1/' -e "s/^name = \"llamacpp-gpu\"/name = \"pairs-$n\"/" \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On a GPU machine: the simulator experiment with one real GPU per trial and two trials at a
-# time; each trial's server reports the GPU ids it was given; telemetry reads real NVML.
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+# On a GPU machine of 2+ GPUs, after gpu_search.py's route has installed the wheels (its work
+# dir /tmp/specdecode-gpu): the simulator experiment with one real GPU per trial and two trials
+# at a time; each trial's server reports the GPU ids it was given; telemetry reads real NVML.
+export PYTHONPATH="/tmp/specdecode-gpu/site:$PWD" PYTHONUNBUFFERED=1
 sed -e 's/^gpus_per_trial = 2/gpus_per_trial = 1/' -e '/^num_gpus = 4/d' -e '/^num_cpus = 2/d' \
   tests/data/sim-small.toml > /tmp/sim-gpu.toml
 timeout 280 python3 -m specdecode_tune.search --experiment /tmp/sim-gpu.toml --storage /tmp/runs \

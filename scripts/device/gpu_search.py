@@ -1,0 +1,791 @@
+#!/usr/bin/env python3
+"""The GPU route: run an experiment's search on an offline GPU machine, in calls of <10 minutes.
+
+    python3 scripts/device/gpu_search.py [--experiment experiments/llamacpp-gpu.toml]
+        [--gpus-per-trial N] [--max-concurrent N|auto] [--max-trials N] [--wait S]
+        [--no-check] [--retry | --restart] [-- ARGS FOR specdecode_tune.search]
+
+The same command every call; only what the call carries changes (build/gpu-payload/part1, then
+part2, ..., from scripts/device/pack_payload.py). Each call does what it can and says what is
+next; everything lives in --work (/tmp/specdecode-gpu), so a call continues the previous one as
+long as the machine is still warm:
+
+1. stage    the carried parts; a file is joined and its sha256 checked once all its chunks came.
+2. plan     read the experiment, apply --gpus-per-trial / --max-concurrent (written to a copy of
+            the experiment), check the machine has the GPUs, validate it like the search does.
+3. build    llamacpp experiments: the CUDA build of llama-server starts in the background as soon
+            as the llama.cpp source is staged (scripts/device/build_llama_cuda.sh, ~5 min).
+4. install  once every wheel is staged: pip install --target, then every requirement is checked
+            against what the image has (missing or conflicting ones are named).
+5. pipeline in the background (it outlives the call): scripts/gpu_check.py (while the server
+            builds), the test model (when the experiment names a missing
+            cycle-llama-d<dim>-l<layers>[-h<heads>]-c<cycle>-n<noise>.gguf), the server binary,
+            the search, then the results.
+6. follow   prints the pipeline's and the search's lines until the pipeline ends or --wait
+            seconds have passed since the call started; then either copies the results to $OUT
+            (exit 0, or 1 if a step failed; any later call copies them again) or says "call
+            again" (exit 75). A failed step runs again only with --retry; --restart starts a
+            new search (the build, the install and the model are kept).
+
+Results in $OUT: report.md, report.html (figures embedded), search.log (the search's whole
+stdout), gpu_check.txt, run.json (trials, levels, telemetry summary), results.tar.gz (the run
+dir: tables as Parquet, report with its PNG figures, trial logs; plus the build, install and
+pipeline logs and the experiment that ran) and status.txt (steps and their wall times).
+Exit: 0 done, 75 not done yet (call again), 2 bad arguments or a missing part, 1 failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PAYLOAD_DIRS = ("build/gpu-payload",)
+CALL_AGAIN = 75
+MAX_OUT_FILE = 16 << 20
+# The test models specdecode_tune.testmodels makes, named by their shape.
+TEST_MODEL = re.compile(r"cycle-llama-d(?P<dim>\d+)-l(?P<layers>\d+)(?:-h(?P<heads>\d+))?"
+                        r"(?:-kv(?P<kv_heads>\d+))?-c(?P<cycle>\d+)-n(?P<noise>[0-9.]+)"
+                        r"(?:-(?P<dtype>f16|f32))?\.gguf")
+T0 = time.monotonic()
+WHO = ["gpu_search"]
+
+
+def say(msg: str) -> None:
+    print(f"[{WHO[0]} +{time.monotonic() - T0:4.0f}s] {msg}", flush=True)
+
+
+def refuse(msg: str) -> SystemExit:
+    """A bad argument or experiment: one line, exit 2, nothing started."""
+    print(f"gpu_search: {msg}", file=sys.stderr, flush=True)
+    return SystemExit(2)
+
+
+class Work:
+    """The state folder on the machine; everything one call leaves for the next."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for d in ("stage", "payload", "site", "cache", "runs", "results", "state", "src"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+
+    def __getattr__(self, name: str) -> Path:
+        return self.root / name
+
+    def read(self, name: str, default: object = None) -> object:
+        p = self.state / name
+        return json.loads(p.read_text()) if p.is_file() else default
+
+    def write(self, name: str, value: object) -> None:
+        p = self.state / name
+        p.with_suffix(".tmp").write_text(json.dumps(value, indent=1, default=str))
+        os.replace(p.with_suffix(".tmp"), p)
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (our own child that ended) is not alive.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gpus_here() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. stage
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage(work: Work, extra_dirs: list[str]) -> dict | None:
+    """Copy the carried parts into work/stage; join complete files into work/payload."""
+    found = []
+    for d in (*PAYLOAD_DIRS, *extra_dirs):
+        base = REPO / d if not os.path.isabs(d) else Path(d)
+        found += sorted(p.parent for p in base.glob("part*/manifest.json"))
+        found += [base] if (base / "manifest.json").is_file() else []
+    manifest = work.read("manifest.json")
+    for part in found:
+        m = json.loads((part / "manifest.json").read_text())
+        if manifest and m["pack_id"] != manifest["pack_id"]:
+            say(f"{part}: from another pack ({m['pack_id']}, staged: {manifest['pack_id']}); "
+                f"staging the new pack from scratch")
+            for d in (work.stage, work.payload):
+                shutil.rmtree(d)
+                d.mkdir()
+            for name in ("installed.json",):
+                (work.state / name).unlink(missing_ok=True)
+            manifest = None
+        if manifest is None:
+            manifest = {k: v for k, v in m.items() if k != "this_part"}
+            work.write("manifest.json", manifest)
+        n = 0
+        for f in part.iterdir():
+            if f.name != "manifest.json" and not (work.stage / f.name).exists() and \
+                    not (work.payload / chunk_owner(manifest, f.name)).exists():
+                shutil.copyfile(f, work.stage / f".{f.name}.tmp")
+                os.replace(work.stage / f".{f.name}.tmp", work.stage / f.name)
+                n += 1
+        say(f"staged part {m['this_part']} of {m['parts']} ({n} new file(s)) from "
+            f"{part.relative_to(REPO) if part.is_relative_to(REPO) else part}")
+    if manifest is None:
+        return None
+    for entry in manifest["files"]:
+        out = work.payload / entry["name"]
+        if out.exists() or not all((work.stage / c["file"]).exists() for c in entry["chunks"]):
+            continue
+        tmp = work.payload / f".{entry['name']}.tmp"
+        with open(tmp, "wb") as w:
+            for c in entry["chunks"]:
+                with open(work.stage / c["file"], "rb") as r:
+                    shutil.copyfileobj(r, w, 1 << 22)
+        if sha256(tmp) != entry["sha256"]:
+            tmp.unlink()
+            for c in entry["chunks"]:
+                (work.stage / c["file"]).unlink()
+            say(f"{entry['name']}: sha256 differs from the manifest; dropped, carry its part(s) "
+                f"again")
+            continue
+        os.replace(tmp, out)
+        for c in entry["chunks"]:
+            (work.stage / c["file"]).unlink()
+    return manifest
+
+
+def chunk_owner(manifest: dict, chunk: str) -> str:
+    for entry in manifest["files"]:
+        if any(c["file"] == chunk for c in entry["chunks"]):
+            return entry["name"]
+    return chunk
+
+
+def missing_parts(work: Work, manifest: dict) -> list[int]:
+    return sorted({c["part"] for e in manifest["files"] if not (work.payload / e["name"]).exists()
+                   for c in e["chunks"] if not (work.stage / c["file"]).exists()})
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. plan
+
+
+def set_key(text: str, table: str, key: str, value: int) -> str:
+    """Set `key = value` in [table] of a TOML text, keeping everything else as written."""
+    lines = text.splitlines()
+    start = next((i for i, s in enumerate(lines) if s.strip() == f"[{table}]"), None)
+    if start is None:
+        return text.rstrip("\n") + f"\n\n[{table}]\n{key} = {value}\n"
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
+               len(lines))
+    for i in range(start + 1, end):
+        if re.match(rf"\s*{re.escape(key)}\s*=", lines[i]):
+            lines[i] = f"{key} = {value}                # set by scripts/device/gpu_search.py"
+            break
+    else:
+        lines.insert(start + 1, f"{key} = {value}                # set by gpu_search.py")
+    return "\n".join(lines) + "\n"
+
+
+def expand(value: str, cache: Path) -> str:
+    value = re.sub(r"\$\{SPECDECODE_CACHE\}|\$SPECDECODE_CACHE\b", str(cache), value)
+    return os.path.expanduser(os.path.expandvars(value))
+
+
+def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
+    path = Path(args.experiment)
+    path = path if path.is_absolute() else REPO / path
+    try:
+        text = path.read_text()
+        raw = tomllib.loads(text)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise refuse(f"{args.experiment}: {e}") from None
+    search, backend = raw.get("search", {}), raw.get("backend", {})
+    cluster = raw.get("cluster", {})
+    gpt = args.gpus_per_trial if args.gpus_per_trial is not None else search.get(
+        "gpus_per_trial", 2)
+    mc = search.get("max_concurrent", 2)
+    if args.max_concurrent == "auto":
+        mc = max(1, n_gpus // gpt) if gpt > 0 else mc
+    elif args.max_concurrent is not None:
+        mc = int(args.max_concurrent)
+    have = cluster.get("num_gpus", n_gpus)
+    if gpt > have:
+        raise refuse(
+            f"{args.experiment} asks for {gpt} GPU(s) per trial (search.gpus_per_trial) and "
+            f"this machine has {have}" + (f": pass --gpus-per-trial {have} (or fewer)" if have
+                                          else ": no GPU seen (nvidia-smi)"))
+    if gpt and mc * gpt > have:
+        say(f"note: {mc} concurrent trials of {gpt} GPU(s) need {mc * gpt}; the machine has "
+            f"{have}, so trials will queue")
+    derived = text
+    if gpt != search.get("gpus_per_trial", 2):
+        derived = set_key(derived, "search", "gpus_per_trial", gpt)
+    if mc != search.get("max_concurrent", 2):
+        derived = set_key(derived, "search", "max_concurrent", mc)
+    # The experiment that runs: a copy beside the original (relative paths in it still resolve),
+    # in the source snapshot the pipeline runs from.
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else Path(path.name)
+    suffix = f".gpus{gpt}x{mc}" if derived != text else ""
+    run_exp = work.src / rel.parent / f"{rel.stem}{suffix}.toml"
+    kind = backend.get("kind", "sim")
+    binary = expand(backend["binary"], work.cache) if backend.get("binary") else None
+    model = expand(backend["model_path"], work.cache) if backend.get("model_path") else None
+    make_model = None
+    if kind == "llamacpp" and model and (m := TEST_MODEL.fullmatch(Path(model).name)):
+        g = m.groupdict()
+        make_model = ["--dim", g["dim"], "--layers", g["layers"], "--cycle", g["cycle"],
+                      "--noise", g["noise"], "--dtype", g["dtype"] or "f16"]
+        make_model += ["--heads", g["heads"]] if g["heads"] else []
+        make_model += ["--kv-heads", g["kv_heads"]] if g["kv_heads"] else []
+    argv = [sys.executable, "-m", "specdecode_tune.search", "--experiment", str(run_exp),
+            "--storage", str(work.runs)]
+    argv += ["--max-trials", str(args.max_trials)] if args.max_trials else []
+    argv += args.search_args
+    return {"experiment": str(rel), "name": raw.get("name"), "run_experiment": str(run_exp),
+            "run_experiment_text": derived, "gpus_per_trial": gpt, "max_concurrent": mc,
+            "gpus_on_machine": n_gpus, "backend": kind, "binary": binary, "model": model,
+            "make_model": make_model,
+            "needs_llama_build": kind == "llamacpp" and not (binary and Path(binary).exists()),
+            "check": not args.no_check and gpt > 0, "search_argv": argv,
+            "run_dir": str(work.runs / str(raw.get("name")))}
+
+
+def snapshot(work: Work) -> None:
+    """Copy the sources the pipeline runs from: later calls re-send the repository, and a
+    running search must not import a mix of two versions."""
+    shutil.rmtree(work.src)
+    shutil.copytree(REPO, work.src, ignore=shutil.ignore_patterns(
+        ".git", "build", "runs", "__pycache__", "*.egg-info", ".whl", ".gl", ".dev*"))
+
+
+def validate(plan: dict, work: Work) -> None:
+    """The search's own validation (stdlib only), before anything is started; writes the
+    experiment that will run (in the source snapshot, beside the original)."""
+    where = Path(plan["run_experiment"])
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text(plan["run_experiment_text"])
+    code = ("import sys; from specdecode_tune.config import load_experiment; "
+            "from specdecode_tune.errors import ConfigError\n"
+            "try: load_experiment(sys.argv[1])\n"
+            "except ConfigError as e: print(e); sys.exit(2)")
+    r = subprocess.run([sys.executable, "-c", code, str(where)], cwd=work.src,
+                       env=os.environ | {"PYTHONPATH": str(work.src),
+                                         "SPECDECODE_CACHE": str(work.cache)},
+                       capture_output=True, text=True, check=False)
+    if r.returncode == 2:
+        raise refuse(f"{plan['experiment']}: {r.stdout.strip()}")
+    if r.returncode:
+        say(f"note: could not validate the experiment here ({r.stderr.strip()[-200:]}); the "
+            f"search will")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. build, 4. install
+
+
+def build_state(work: Work) -> str:
+    rc = work.state / "build.rc"
+    if rc.is_file():
+        return "ok" if rc.read_text().strip() == "0" else "failed"
+    return "running" if alive(work.read("build.pid")) else "none"
+
+
+def start_build(work: Work, manifest: dict) -> None:
+    tgz = work.payload / manifest["llama_src"]
+    log = open(work.results / "build.log", "ab")
+    cmd = (f'bash "$0" "$1"; rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"')
+    p = subprocess.Popen(["bash", "-c", cmd, str(HERE / "build_llama_cuda.sh"), str(tgz),
+                          str(work.state / "build.rc")], stdin=subprocess.DEVNULL, stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+                         env=os.environ | {"SPECDECODE_CACHE": str(work.cache)})
+    work.write("build.pid", p.pid)
+    say(f"build: llama-server (CUDA) started in the background, pid {p.pid}; log "
+        f"{work.results / 'build.log'}")
+
+
+def wheels(work: Work, manifest: dict) -> list[Path]:
+    return [work.payload / e["name"] for e in manifest["files"] if e["name"].endswith(".whl")]
+
+
+CHECK_REQUIREMENTS = r"""
+import importlib.metadata as md, json, sys
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
+reqs, problems, seen, versions = json.loads(sys.argv[1]), [], set(), {}
+todo = [(Requirement(r), "the project") for r in reqs]
+while todo:
+    req, by = todo.pop()
+    try:
+        dist = md.distribution(req.name)
+    except md.PackageNotFoundError:
+        problems.append(f"missing: {req} (needed by {by})")
+        continue
+    name = canon(dist.metadata["Name"])
+    where = str(dist.locate_file(""))
+    versions[name] = f"{dist.version} ({'carried' if where.startswith(sys.argv[2]) else 'image'})"
+    if req.specifier and not req.specifier.contains(dist.version, prereleases=True):
+        problems.append(f"conflict: {name} {dist.version} is there, {by} needs {req}")
+    for extra in [None, *sorted(req.extras)]:
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        for r in dist.requires or []:
+            sub = Requirement(r)
+            env = {"extra": extra or ""}
+            if sub.marker is None or sub.marker.evaluate(env):
+                todo.append((sub, f"{name}{'[' + extra + ']' if extra else ''}"))
+import ray, ray.tune, optuna, gguf, pynvml, pyarrow, aiohttp
+from ray._private.utils import get_dashboard_dependency_error
+print(json.dumps({"problems": sorted(set(problems)), "versions": versions,
+                  "dashboard": get_dashboard_dependency_error() or "ok",
+                  "ray": ray.__version__, "optuna": optuna.__version__}))
+"""
+
+
+def install(work: Work, manifest: dict) -> bool:
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--upgrade", "--target",
+                        str(work.site), *map(str, wheels(work, manifest))],
+                       capture_output=True, text=True, check=False)
+    if r.returncode:
+        say(f"install: pip failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        return False
+    r = subprocess.run([sys.executable, "-c", CHECK_REQUIREMENTS,
+                        json.dumps(manifest["requirements"]), str(work.site)],
+                       capture_output=True, text=True,
+                       env=env_for(work), cwd=REPO, check=False)
+    if r.returncode:
+        say(f"install: the installed packages do not import:\n{r.stderr[-3000:]}")
+        return False
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    (work.results / "install.json").write_text(json.dumps(info, indent=1))
+    say(f"install: {len(wheels(work, manifest))} wheels into {work.site} in "
+        f"{time.monotonic() - t:.0f}s; ray {info['ray']}, optuna {info['optuna']}, dashboard "
+        f"{info['dashboard']}")
+    for p in info["problems"]:
+        say(f"install: WARNING {p}")
+    work.write("installed.json", {"at": time.time(), "pack_id": manifest["pack_id"],
+                                  "problems": info["problems"]})
+    return True
+
+
+def env_for(work: Work, src: Path | None = None) -> dict[str, str]:
+    src = src or REPO
+    env = dict(os.environ)
+    env.update(PYTHONPATH=f"{work.site}:{src}", SPECDECODE_CACHE=str(work.cache),
+               PYTHONUNBUFFERED="1", PATH=f"{work.site / 'bin'}:{env.get('PATH', '')}")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. the pipeline (a background process of its own session)
+
+
+def pipeline_state(work: Work) -> str:
+    rc = work.state / "pipeline.rc"
+    if rc.is_file():
+        return "ok" if rc.read_text().strip() == "0" else "failed"
+    return "running" if alive(work.read("pipeline.pid")) else "none"
+
+
+def start_pipeline(work: Work, plan: dict) -> None:
+    (work.state / "pipeline.rc").unlink(missing_ok=True)
+    validate(plan, work)            # (re)writes the experiment that runs
+    work.write("plan.json", plan)
+    log = open(work.results / "pipeline.log", "ab")
+    p = subprocess.Popen([sys.executable, str(work.src / "scripts/device/gpu_search.py"),
+                          "--work", str(work.root), "--pipeline"], stdin=subprocess.DEVNULL,
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                         cwd=work.src, env=env_for(work, work.src))
+    work.write("pipeline.pid", p.pid)
+    say(f"pipeline: started in the background, pid {p.pid} (check, model, server, search, "
+        f"results)")
+
+
+def pipeline(work: Work) -> int:
+    WHO[0] = "pipeline"
+    plan = work.read("plan.json")
+    manifest = work.read("manifest.json")
+    steps = work.read("steps.json", {})
+    env = env_for(work, work.src)
+
+    def step(name: str, fn) -> bool:
+        if steps.get(name, {}).get("ok"):
+            return True
+        start = time.time()
+        say(f"{name}: start")
+        try:
+            ok, note = fn()
+        except Exception as e:  # noqa: BLE001 - the step's failure is the pipeline's report
+            ok, note = False, f"{type(e).__name__}: {e}"
+        steps[name] = {"ok": ok, "start": start, "wall_s": round(time.time() - start, 1),
+                       "note": note}
+        work.write("steps.json", steps)
+        say(f"{name}: {'done' if ok else 'FAILED'} in {steps[name]['wall_s']:.0f}s: {note}")
+        return ok
+
+    def check():
+        if not plan["check"]:
+            return True, "skipped"
+        with open(work.results / "gpu_check.txt", "w") as out:
+            rc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--seconds", "3",
+                                 "--json", str(work.results / "gpu_check.json")],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work.src,
+                                check=False).returncode
+        last = (work.results / "gpu_check.txt").read_text().strip().splitlines()[-1:]
+        # A failed check is reported, not fatal: the search marks suspect levels itself.
+        return True, f"rc {rc}: {last[0] if last else ''}"
+
+    def model():
+        path = Path(plan["model"]) if plan["model"] else None
+        if plan["backend"] != "llamacpp":
+            return True, f"{plan['backend']}: the engine finds its model itself"
+        if path is None or path.exists():
+            return True, f"{path or 'none named'}"
+        if not plan["make_model"]:
+            return False, f"{path} is missing and is not a test model this route makes"
+        # The vocabulary comes from llama.cpp's source, so the model is made while it builds.
+        vocab = work.cache / "vocab-llama-spm.gguf"
+        if not vocab.is_file():
+            with tarfile.open(work.payload / manifest["llama_src"]) as t:
+                member = t.extractfile("llama.cpp/models/ggml-vocab-llama-spm.gguf")
+                assert member is not None
+                vocab.write_bytes(member.read())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"partial-{path.name}")
+        r = subprocess.run([sys.executable, "-m", "specdecode_tune.testmodels", "gguf", "--out",
+                            str(tmp), "--vocab-gguf", str(vocab), *plan["make_model"]],
+                           capture_output=True, text=True, env=env, cwd=work.src, check=False)
+        if r.returncode:
+            return False, (r.stdout + r.stderr).strip()[-500:]
+        os.replace(tmp, path)
+        return True, r.stdout.strip().splitlines()[-1].replace(str(tmp), str(path))
+
+    def server():
+        if not plan["needs_llama_build"]:
+            return True, "not a llama.cpp experiment"
+        if not wait_build(work, 1200):
+            return False, "the build did not finish in 20 minutes"
+        if build_state(work) != "ok":
+            tail = (work.results / "build.log").read_text(errors="replace")[-1500:]
+            return False, f"the build failed:\n{tail}"
+        built = work.cache / "llama.cpp-cuda" / "bin" / "llama-server"
+        want = Path(plan["binary"]) if plan["binary"] else built
+        if want != built and not want.exists():
+            want.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, want)
+            shutil.copy2(built.with_name("vocab.gguf"), want.with_name("vocab.gguf"))
+        return True, f"{want}; {last_line(work.results / 'build.log')}"
+
+    def search():
+        with open(work.results / "search.log", "a") as out:
+            rc = subprocess.run(plan["search_argv"], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=work.src, check=False).returncode
+        return rc == 0, f"exit {rc}: {last_line(work.results / 'search.log')}"
+
+    ok = (step("check", check) and step("model", model) and step("server", server)
+          and step("search", search))
+    collect(work, plan)
+    say(f"pipeline: {'finished' if ok else 'stopped'}")
+    return 0 if ok else 1
+
+
+def wait_build(work: Work, limit_s: float) -> bool:
+    """Wait for the background build, logging its progress; False if it is not done in time."""
+    end, last = time.monotonic() + limit_s, 0.0
+    while build_state(work) == "running":
+        if time.monotonic() > end:
+            return False
+        if time.monotonic() - last > 30:
+            say(f"server: waiting for the build: {last_progress(work.results / 'build.log')}")
+            last = time.monotonic()
+        time.sleep(2)
+    return build_state(work) in ("ok", "failed")
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = [s for s in path.read_text(errors="replace").splitlines() if s.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def last_progress(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "no log yet"
+    steps = re.findall(r"\[(\d+)/(\d+)\]", text[-20000:])
+    return f"{steps[-1][0]}/{steps[-1][1]} build steps" if steps else "configuring"
+
+
+def collect(work: Work, plan: dict) -> None:
+    """Put the results in work/results: report, run summary, and a tarball of the run."""
+    run_dir = Path(plan["run_dir"])
+    res = work.results
+    for name in ("report.md", "report.html"):
+        src = run_dir / "report" / name
+        if src.is_file():
+            shutil.copy2(src, res / name)
+    if (run_dir / "tables").is_dir():
+        subprocess.run([sys.executable, "scripts/device/dump_run.py", str(run_dir),
+                        str(res / "run.json")], env=env_for(work, work.src), cwd=work.src,
+                       capture_output=True, check=False)
+    if Path(plan["run_experiment"]).is_file():
+        shutil.copy2(plan["run_experiment"], res / "experiment.toml")
+    if (work.state / "steps.json").is_file():
+        shutil.copy2(work.state / "steps.json", res / "steps.json")
+    extra = ["build.log", "pipeline.log", "install.json", "gpu_check.json", "gpu_check.txt",
+             "experiment.toml", "steps.json"]
+    for drop_logs in (False, True):
+        tmp = res / "results.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as t:
+            if run_dir.is_dir():
+                t.add(run_dir, arcname=run_dir.name, filter=None if not drop_logs else (
+                    lambda ti: None if "/logs/" in f"/{ti.name}/" else ti))
+            for name in extra:
+                if (res / name).is_file():
+                    t.add(res / name, arcname=f"device/{name}")
+        os.replace(tmp, res / "results.tar.gz")
+        if (res / "results.tar.gz").stat().st_size <= MAX_OUT_FILE:
+            break
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. follow, and the results
+
+
+class Follower:
+    def __init__(self, files: list[Path], pos: dict[str, int]) -> None:
+        self.files, self.pos = files, pos
+
+    def poll(self) -> None:
+        for f in self.files:
+            try:
+                with open(f, errors="replace") as r:
+                    r.seek(self.pos.get(str(f), 0))
+                    chunk = r.read()
+                    self.pos[str(f)] = r.tell()
+            except OSError:
+                continue
+            for line in chunk.splitlines():
+                print(f"  | {line}" if f.name == "search.log" else line, flush=True)
+
+
+def status_text(work: Work, plan: dict | None) -> str:
+    steps = work.read("steps.json", {})
+    lines = [f"machine: {', '.join(gpus_here()) or 'no GPU seen'}"]
+    if plan:
+        lines.append(f"experiment: {plan['experiment']} (ran as {Path(plan['run_experiment']).name}"
+                     f"; {plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} "
+                     f"at a time)")
+        lines.append(f"search: {' '.join(plan['search_argv'][1:])}")
+    installed = work.read("installed.json")
+    if installed:
+        lines += [f"install: {p}" for p in installed["problems"]] or ["install: ok"]
+    for name, s in steps.items():
+        lines.append(f"{name:7} {'ok' if s['ok'] else 'FAILED'} {s['wall_s']:7.1f}s  {s['note']}")
+    calls = [c["wall_s"] for c in work.read("calls.json", [])] + [time.monotonic() - T0]
+    lines.append(f"calls: {len(calls)} (this one until now last): "
+                 + ", ".join(f"{c:.0f}s" for c in calls))
+    return "\n".join(lines) + "\n"
+
+
+def deliver(work: Work, plan: dict) -> None:
+    out = os.environ.get("OUT")
+    if not out:
+        say(f"results in {work.results} ($OUT is not set)")
+        return
+    (work.results / "status.txt").write_text(status_text(work, plan))
+    sent = []
+    for name in ("report.md", "report.html", "search.log", "gpu_check.txt", "run.json",
+                 "results.tar.gz", "status.txt"):
+        src = work.results / name
+        if not src.is_file():
+            continue
+        if src.stat().st_size > MAX_OUT_FILE:
+            say(f"{name}: {src.stat().st_size >> 20} MiB, over the 16 MiB a file can come back; "
+                f"left on the machine")
+            continue
+        shutil.copy2(src, Path(out) / name)
+        sent.append(name)
+    say(f"results copied to $OUT: {', '.join(sent)}")
+
+
+def stop_pipeline(work: Work) -> None:
+    pid = work.read("pipeline.pid")
+    if alive(pid):
+        say(f"restart: interrupting the pipeline (process group {pid})")
+        os.killpg(pid, signal.SIGINT)
+        for _ in range(60):
+            if not alive(pid):
+                break
+            time.sleep(1)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    steps = work.read("steps.json", {})
+    for name in ("search",):
+        steps.pop(name, None)
+    work.write("steps.json", steps)
+    for name in ("plan.json", "pipeline.rc", "pipeline.pid"):
+        (work.state / name).unlink(missing_ok=True)
+    if work.runs.exists():
+        shutil.move(work.runs, work.root / f"runs-{int(time.time())}")
+        work.runs.mkdir()
+    (work.results / "search.log").unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    search_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiment", default="experiments/llamacpp-gpu.toml")
+    ap.add_argument("--gpus-per-trial", type=int, default=None,
+                    help="GPUs per trial (default: the experiment's search.gpus_per_trial)")
+    ap.add_argument("--max-concurrent", default=None,
+                    help="trials at a time, or 'auto' = GPUs // GPUs per trial (default: the "
+                         "experiment's)")
+    ap.add_argument("--max-trials", type=int, default=None, help="the search's --max-trials")
+    ap.add_argument("--wait", type=float, default=540,
+                    help="return after this many seconds since the call started (540)")
+    ap.add_argument("--no-check", action="store_true", help="skip scripts/gpu_check.py")
+    ap.add_argument("--restart", action="store_true",
+                    help="stop a running or finished search and start it again (the build, "
+                         "install and model are kept)")
+    ap.add_argument("--retry", action="store_true",
+                    help="run a failed pipeline again from its failed step (a search resumes)")
+    ap.add_argument("--payload", action="append", default=[],
+                    help="another folder holding part*/manifest.json (besides build/gpu-payload)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/specdecode-gpu"))
+    ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.search_args = search_args
+    work = Work(args.work)
+    if args.pipeline:
+        rc = pipeline(work)
+        (work.state / "pipeline.rc").write_text(f"{rc}\n")
+        return rc
+    try:
+        return call(args, work)
+    finally:
+        calls = work.read("calls.json", [])
+        calls.append({"at": time.time(), "wall_s": round(time.monotonic() - T0, 1)})
+        work.write("calls.json", calls)
+
+
+def call(args: argparse.Namespace, work: Work) -> int:
+    gpus = gpus_here()
+    say(f"machine: {len(gpus)} GPU(s) {gpus[:1]}, {os.cpu_count()} cores, python "
+        f"{sys.version.split()[0]}; work dir {work.root}")
+    if args.restart:
+        stop_pipeline(work)
+    manifest = stage(work, args.payload)
+    if manifest is None:
+        say("nothing staged and no part carried: pack here with "
+            "`python3 scripts/device/pack_payload.py`, then carry build/gpu-payload/part1")
+        return 2
+    plan = work.read("plan.json")
+    new = make_plan(args, work, len(gpus))
+    started = (work.state / "pipeline.pid").is_file()
+    same = ("experiment", "run_experiment_text", "search_argv")
+    if plan and started and {k: plan[k] for k in same} != {k: new[k] for k in same}:
+        say(f"note: this call's settings differ from those of the pipeline already started "
+            f"({plan['experiment']}, {plan['gpus_per_trial']} GPU(s) per trial, "
+            f"{' '.join(plan['search_argv'][3:])}); it keeps them: add --restart for the new "
+            f"ones")
+    else:
+        if pipeline_state(work) != "running":
+            snapshot(work)
+        validate(new, work)
+        plan = new
+        work.write("plan.json", plan)
+    say(f"plan: {plan['experiment']} as {Path(plan['run_experiment']).name}: "
+        f"{plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} at a time, "
+        f"backend {plan['backend']}")
+    if plan["needs_llama_build"] and build_state(work) == "none":
+        if (work.payload / manifest["llama_src"]).exists():
+            start_build(work, manifest)
+        elif (work.cache / "llama.cpp-cuda/bin/llama-server").exists():
+            (work.state / "build.rc").write_text("0\n")
+    elif plan["needs_llama_build"]:
+        say(f"build: {build_state(work)}; {last_progress(work.results / 'build.log')}")
+    missing = missing_parts(work, manifest)
+    if missing:
+        say(f"NEXT: call again with the same command, carrying "
+            f"{', '.join(f'build/gpu-payload/part{i}' for i in missing)} (one part a call; "
+            f"within 30 s, while this machine is warm)")
+        return CALL_AGAIN
+    if not work.read("installed.json"):
+        if not install(work, manifest):
+            return 1
+    state = pipeline_state(work)
+    if state == "none" or (state == "failed" and args.retry):
+        if state == "failed":
+            say("pipeline: --retry: starting again from the failed step (the steps done are "
+                "kept; a search resumes)")
+        snapshot(work)
+        start_pipeline(work, plan)
+    pos = work.read("follow.json", {})
+    follower = Follower([work.results / "pipeline.log", work.results / "search.log"], pos)
+    while pipeline_state(work) == "running" and time.monotonic() - T0 < args.wait:
+        follower.poll()
+        time.sleep(2)
+    follower.poll()
+    work.write("follow.json", follower.pos)
+    state = pipeline_state(work)
+    if state == "running":
+        steps = work.read("steps.json", {})
+        say(f"NEXT: the pipeline is still running ({', '.join(steps) or 'starting'} so far); "
+            f"call again with the same command (no carry needed) within 30 s")
+        return CALL_AGAIN
+    deliver(work, plan)
+    print(status_text(work, plan), end="")
+    search_log = work.results / "search.log"
+    if search_log.is_file():
+        print("--- the search's last lines ---")
+        print("\n".join(search_log.read_text(errors="replace").splitlines()[-15:]))
+    say("DONE" if state == "ok" else "FAILED: see status.txt and the logs in results.tar.gz; "
+        "fix, then call again with --retry (from the failed step) or --restart (a new search)")
+    return 0 if state == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
