@@ -34,7 +34,7 @@ MEM = "mem_fraction_static"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-# The seed (../shared/seed/plateau-question.txt): steps 1..5 climb, 4 -> 5 is +1.8%, then it
+# The question the project was seeded with: steps 1..5 climb, 4 -> 5 is +1.8%, then it
 # falls (more draft tokens eat the KV cache): steps=10 is much worse.
 SEED_TOK_S = {1: 123.0, 2: 186.0, 3: 234.0, 4: 277.0, 5: 282.0}
 

@@ -1,0 +1,221 @@
+"""`ModelGuidedSampler`: proposes the configuration with the largest expected improvement (EI)
+of the search's score under the fitted model, and hands over where the model cannot be trusted.
+
+Before each fresh trial the model is fitted anew (`fit`; nothing but measurements goes in) and
+EI is averaged over joint posterior draws, with infeasible draws counting as no improvement,
+over every valid configuration of the space (`candidates`), excluding those measured or
+running; ties go to the higher mean score. The plan names the model's four axes; every other
+parameter follows the incumbent (else the base sampler). The base sampler (TPE by default)
+takes the trial instead on:
+
+- thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
+  measurements yet (nothing to fit);
+- poor fit: the model's in-sample error on the measured tokens/s is above `max_residual` (or
+  1.5 noise bands, when the measured band is wider), i.e. the server behaves in a way the
+  model cannot express; the base sampler then searches it as a black box;
+- nothing left: every configuration the model can name was measured or is running.
+
+Every trial records who proposed it and why (the user attr "model_guided"). The sampler keeps
+nothing between trials but its settings (the study holds the data), so it pickles with the
+searcher and a fresh instance over a resumed study carries on. Its only randomness is the
+posterior draws, seeded by (seed, trial number), and the base sampler's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial
+
+from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
+from ..history import distributions, incumbent, union_spec, value_of
+from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
+from ..planned import PlannedSampler, fit_into, set_trial_user_attr
+from .candidates import Candidates, enumerate_space, point_key
+from .fit import Fit, fit_model, score_draws
+from .trials import parse_baseline, parse_measured
+
+DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
+
+
+class ModelGuidedSampler(PlannedSampler):
+    """Proposes by expected improvement under a fitted model of speculative decoding.
+
+    Args:
+        base_sampler: proposes where the model does not (default `TPESampler(seed=seed)`).
+        space: the experiment's searched parameters (`config.Experiment.space`); without it the
+            space is read from the trials' distributions (which may not show the whole range
+            of a define-by-run parameter).
+        fixed: the backend's fixed flags, to resolve points as the trial will.
+        min_trials: finished trials before the model may propose (the base sampler's first ones).
+        max_residual: in-sample relative error of tok/s above which the model hands over.
+        draws: posterior draws for EI.
+        seed: seeds the draws (and the default base sampler).
+    """
+
+    plan_key = "model_guided:plan"   # trial system attr: the proposed point
+
+    def __init__(
+        self,
+        base_sampler: BaseSampler | None = None,
+        *,
+        space: Sequence[ParamSpec] | None = None,
+        fixed: Mapping[str, Any] | None = None,
+        min_trials: int = 2,
+        max_residual: float = 0.08,
+        draws: int = 48,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(base_sampler, seed)
+        if isinstance(min_trials, bool) or not isinstance(min_trials, int) or min_trials < 0:
+            raise ValueError(f"min_trials must be an int >= 0, got {min_trials!r}")
+        if not (isinstance(max_residual, (int, float)) and math.isfinite(max_residual)
+                and max_residual > 0):
+            raise ValueError(f"max_residual must be a number > 0, got {max_residual!r}")
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 8:
+            raise ValueError(f"draws must be an int >= 8, got {draws!r}")
+        self._space = tuple(space) if space is not None else None
+        self._fixed = dict(fixed or {})
+        self._min_trials = min_trials
+        self._max_residual = float(max_residual)
+        self._draws = draws
+        self._seed = 0 if seed is None else int(seed)
+        self._cache: dict[tuple, Candidates] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_cache"] = {}        # derived from the space; rebuilt on demand
+        return state
+
+    # ------------------------------------------------------------------ the planned hooks
+
+    def plan_trial(self, study: Study, trial: FrozenTrial) -> None:
+        decision, plan = self.decide(study, trial.number)
+        set_trial_user_attr(study, trial, DECISION_ATTR, decision)
+        if plan is not None:
+            self.store_plan(study, trial, plan)
+
+    def planned_value(self, study: Study, trial: FrozenTrial, plan: dict[str, Any], name: str,
+                      dist: BaseDistribution) -> Any:
+        return fit_into(plan[name], dist) if name in plan else None
+
+    # ------------------------------------------------------------------ deciding
+
+    def decide(self, study: Study, number: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(the decision recorded on the trial, the planned point or None for the base)."""
+        trials = study.get_trials(deepcopy=False)
+        finished = [t for t in trials if t.state.is_finished()]
+        if len(finished) < self._min_trials:
+            return _base(f"thin data: {len(finished)} finished trial(s), the model starts "
+                         f"after {self._min_trials}"), None
+        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
+        if base is None:
+            return _base(f"no baseline in study.user_attrs[{BASELINE_ATTR!r}]"), None
+        obs = []
+        for t in finished:
+            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
+            if o is not None:
+                obs.append(o)
+        cands = self._candidates(trials)
+        if cands is None:
+            return _base("no speculative configuration in the space"), None
+        depth = int(cands.steps.max())
+        fit = fit_model(obs, base, cands, depth)
+        if fit is None:
+            return _base("thin data: no feasible speculative trial with measurements"), None
+        band = study.user_attrs.get(NOISE_BAND_ATTR)
+        limit = self._max_residual
+        if isinstance(band, (int, float)) and math.isfinite(band):
+            limit = max(limit, 1.5 * float(band))
+        if fit.rms > limit:
+            return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
+                         fit), None
+        taken = set()
+        for t in trials:
+            if t.number == number or not t.params:
+                continue
+            taken.add(self._key_of(t.params))
+        for o in obs:
+            taken.add(o.key)
+        free = np.array([k not in taken for k in cands.keys])
+        if not free.any():
+            return _base("every configuration the model can name was measured", fit), None
+        rng = np.random.default_rng([self._seed, number])
+        scores = score_draws(fit, cands, rng, self._draws)
+        feasible = np.isfinite(scores)
+        best_trial = incumbent(study, trials)
+        if best_trial is not None:
+            best_score = value_of(best_trial)
+        else:
+            best_score = float(np.max(np.where(feasible, scores, -np.inf).mean(0))) \
+                if feasible.any() else 0.0
+        gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
+        ei = gain.mean(axis=0)
+        # Infeasible draws count as a very bad score in the tie-break, not as no information.
+        mean = np.where(feasible, scores, -10.0).mean(axis=0)
+        order = np.lexsort((-mean, -ei))          # EI first, then the mean score
+        order = order[free[order]]
+        best = int(order[0])
+        plan = dict(cands.sampled[best])
+        plan.update(_others(None if best_trial is None else dict(best_trial.params),
+                            known=set(plan)))
+        ok = feasible[:, best]
+        decision = {
+            "by": "model",
+            "why": f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}",
+            "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
+            "p_feasible": float(ok.mean()),
+            "fit_error": round(fit.rms, 5),
+            "tile": fit.step.tile,
+            "route": fit.step.route,
+            "accept_measured_to": fit.accept.measured_depth,
+        }
+        return decision, plan
+
+    def _key_of(self, sampled: Mapping[str, Any]) -> tuple:
+        params = resolve(sampled, self._fixed)
+        if is_baseline(params):
+            return ("baseline",)
+        return point_key(params[STEPS], params[TOPK], params[DRAFT], params.get(MEM))
+
+    # ------------------------------------------------------------------ the space
+
+    def _specs(self, trials: Sequence[FrozenTrial]) -> tuple[ParamSpec, ...]:
+        if self._space is not None:
+            return self._space
+        return tuple(union_spec(name, ds) for name, ds in distributions(trials).items())
+
+    def _candidates(self, trials: Sequence[FrozenTrial]) -> Candidates | None:
+        specs = self._specs(trials)
+        sig: tuple[Any, ...] = (specs, tuple(sorted(self._fixed.items(), key=lambda kv: kv[0])))
+        try:
+            hash(sig)
+        except TypeError:
+            sig = (repr(specs), repr(sorted(self._fixed.items())))
+        if sig in self._cache:
+            return self._cache[sig]
+        cands = enumerate_space(specs, self._fixed)
+        if cands is not None:
+            self._cache = {sig: cands}
+        return cands
+
+
+def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
+    """Parameters the model does not know: the incumbent's values (else the base sampler's)."""
+    if not incumbent_params:
+        return {}
+    return {k: v for k, v in incumbent_params.items()
+            if k not in known and k not in (STEPS, TOPK, DRAFT, MEM)}
+
+
+def _base(why: str, fit: Fit | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"by": "base", "why": why}
+    if fit is not None:
+        out["fit_error"] = round(fit.rms, 5)
+    return out
