@@ -6,7 +6,7 @@ export PYTHONPATH="/tmp/site:$PWD" SPECDECODE_CACHE=/tmp/sdc PYTHONUNBUFFERED=1
 for i in $(seq 1 90); do [[ -x $SPECDECODE_CACHE/llama.cpp-cuda/bin/llama-server ]] && break; sleep 5; done
 tail -2 /tmp/build.log
 M=$SPECDECODE_CACHE/models/cycle-llama-d2048-l16-c32-n2.3.gguf
-[[ -s $M ]] || python3 -m specdecode_tune.testmodels gguf --out "$M" --cycle 32 --noise 2.3 \
+[[ -s $M ]] || python3 -m specdecode_tune.testing.models gguf --out "$M" --cycle 32 --noise 2.3 \
   --dim 2048 --layers 16 --dtype f16 --vocab-gguf $SPECDECODE_CACHE/llama.cpp-cuda/bin/vocab.gguf
 python3 scripts/gpu_check.py --json "$OUT/gpu_check.json" > "$OUT/gpu_check.txt" 2>&1; echo "gpu_check rc=$?"
 python3 -m specdecode_tune.search --experiment experiments/llamacpp-gpu.toml --storage /tmp/runs \

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from specdecode_tune import results
-from tests.conftest import DATA, REPO, kill_pids, pid_alive, tagged_processes
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
+from tests.conftest import DATA, REPO, pid_alive
 
 pytestmark = pytest.mark.slow
 
