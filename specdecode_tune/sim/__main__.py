@@ -118,8 +118,8 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
     code = 0
     try:
         await asyncio.wait({boot, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if boot.done() and boot.exception() is not None:
-            err = boot.exception()
+        err = boot.exception() if boot.done() else None
+        if err is not None:
             if isinstance(err, InjectedCrash):
                 log.error("Scheduler hit an exception:\n%s", err)
                 return 1

@@ -231,7 +231,7 @@ def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
     if unknown:
         allowed = ", ".join([*_TOP_KEYS, *_OPTIONAL_KEYS, *_SECTIONS])
         raise ConfigError(f"{where}: unknown key {min(unknown)!r}; allowed: {allowed}")
-    top = {}
+    top: dict[str, Any] = {}
     for key in _TOP_KEYS:
         value = data.get(key)
         if not isinstance(value, str) or (key == "name" and not value):

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from specdecode_tune import __version__
 from specdecode_tune.sim import metrics
@@ -164,7 +165,7 @@ class InjectedCrash(Exception):
 _OPEN_PATHS = ("/health", "/metrics")
 
 
-def _guard(sim: SimServer) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _guard(sim: SimServer) -> Middleware:
     """Middleware: an injected hang holds every request; a set API key is required."""
 
     @web.middleware

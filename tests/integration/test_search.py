@@ -103,7 +103,7 @@ def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
     storage = tmp_path / "runs"
     run_dir = storage / "sim-small"
     cmd = search_cmd(exp, storage, "--max-trials", "5")
-    log = open(tmp_path / "first.log", "w")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (closed in the finally below)
     driver = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
     try:
         wait_for(lambda: sum(r["trial_id"] != "baseline" for r in trials_rows(run_dir)) >= 2

@@ -180,7 +180,7 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert all(c["meta_info"]["finish_reason"] is None for c in data[:-1])
     verify = final["spec_verify_ct"]
     assert final["spec_accept_length"] == pytest.approx(40 / verify)
-    assert 40 == 1 + verify + final["spec_num_correct_drafts"]
+    assert 40 == 1 + verify + final["spec_num_correct_drafts"]  # noqa: SIM300 (the total first)
     assert final["spec_num_proposed_drafts"] == 4 * verify
     hist = final["spec_correct_drafts_histogram"]
     assert len(hist) == 5 and sum(hist) == verify

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from .app import FAIL_MODES, StreamConfig, make_app
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="A tiny SSE stream server for the load generator's tests and benchmark.")
     ap.add_argument("--port", type=int, required=True)
