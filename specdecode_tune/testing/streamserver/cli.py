@@ -10,7 +10,8 @@ from .app import FAIL_MODES, StreamConfig, make_app
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="A tiny SSE stream server for the load generator's tests and benchmark.")
+    ap = argparse.ArgumentParser(
+        description="A tiny SSE stream server for the load generator's tests and benchmark.")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--chunk-delay", type=float, default=0.0)
