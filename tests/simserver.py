@@ -48,7 +48,8 @@ def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"simulator exited with {proc.returncode} before healthy:\n{sim_log(proc)[-3000:]}")
+            raise RuntimeError(f"simulator exited with {proc.returncode} before healthy:\n"
+                               f"{sim_log(proc)[-3000:]}")
         if health_status(base_url) == 200:
             return
         time.sleep(0.05)

@@ -191,7 +191,8 @@ def test_a_utf8_byte_order_mark_on_the_first_line_is_allowed(tmp_path: Path) -> 
     [
         ("[" * 100_000 + "]" * 100_000, ":1: JSON nested too deeply to read"),
         ('{"prompt": ' + "7" * 5000 + "}", ":1: not valid JSON (Exceeds the limit"),
-        ('{"messages": [{"role": "user", "content": ""}]}', ":1: messages whose turns are all empty"),
+        ('{"messages": [{"role": "user", "content": ""}]}',
+         ":1: messages whose turns are all empty"),
     ],
     ids=["deep", "huge-int", "empty-turns"],
 )
