@@ -58,7 +58,7 @@ def level(concurrency: int = 8, **kw: object) -> LevelSummary:
         e2e_p99=3.3, accept_length=3.1, accept_histogram=(600, 500, 400),
         over_running_limit=False, suspect=True, note="1 error")
     base.update(kw)
-    return LevelSummary(**base)  # type: ignore[arg-type]
+    return LevelSummary(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 def trial(trial_id: str = "t0001", levels: tuple[LevelSummary, ...] = (), **kw: object
@@ -69,7 +69,7 @@ def trial(trial_id: str = "t0001", levels: tuple[LevelSummary, ...] = (), **kw: 
                                   extra={"cuda_graph_max_bs": 64}),
                 levels=levels, wall_s=400.25, repeat=1, suspect=False)
     base.update(kw)
-    return TrialResult(**base)  # type: ignore[arg-type]
+    return TrialResult(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_writer_killed_between_temp_and_rename_leaves_the_old_file(tmp_path: Pat
 
 
 def test_a_table_that_fails_to_build_writes_nothing(tmp_path: Path) -> None:
-    bad = dataclasses.replace(request(0), input_tokens=None)  # type: ignore[arg-type]
+    bad = dataclasses.replace(request(0), input_tokens=None)  # type: ignore[arg-type]  # on purpose
     with pytest.raises(ValueError, match="'input_tokens' must not be null"):
         write_level(tmp_path, "t0001", level(8), [bad], params=PARAMS, repeat=0)
     assert not (tmp_path / "tables").exists() or not list((tmp_path / "tables").rglob("*.*"))

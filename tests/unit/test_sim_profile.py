@@ -37,7 +37,7 @@ def test_bare_name_and_path_load_the_same_profile() -> None:
 def test_profile_is_frozen_hashable_and_pickles() -> None:
     p = load_profile("seed-qwen35-122b")
     with pytest.raises(AttributeError):
-        p.name = "x"  # type: ignore[misc]
+        p.name = "x"  # type: ignore[misc]  # frozen: the assignment must fail
     assert pickle.loads(pickle.dumps(p)) == p
     assert hash(p) == hash(pickle.loads(pickle.dumps(p)))
 

@@ -24,7 +24,7 @@ def small_spec(**kw: object) -> CycleModelSpec:
         "vocab_size": 300, "cycle_tokens": tuple(range(50, 66)), "dim": 64, "layers": 2,
         "heads": 4, "kv_heads": 2, "ffn": 96, "noise": 0.0, "seed": 3}
     base.update(kw)
-    return CycleModelSpec(**base)  # type: ignore[arg-type]
+    return CycleModelSpec(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 def test_shapes_follow_the_llama_layout() -> None:

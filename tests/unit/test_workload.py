@@ -219,7 +219,7 @@ def test_an_unreadable_file_is_a_config_error(tmp_path: Path,
     def deny(file: object, *args: object, **kwargs: object) -> object:
         if str(file) == str(path):
             raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]  # open's own args
 
     monkeypatch.setattr(builtins, "open", deny)
     with pytest.raises(ConfigError, match=r"p\.jsonl: cannot read \(Permission denied\)"):
@@ -244,7 +244,7 @@ def test_the_file_is_parsed_once_per_process(tmp_path: Path,
 
     def counting(file: object, *args: object, **kwargs: object) -> object:
         opened.append(str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]  # open's own args
 
     monkeypatch.setattr(builtins, "open", counting)
     for stream in range(3):
