@@ -3,12 +3,14 @@
 A test or benchmark gives its search `SPECDECODE_TEST_TAG=<tag>` (`TEST_TAG_ENV`): Ray's
 processes, the trials and the servers all inherit the driver's environment, so
 `tagged_processes` finds everything it started, and nothing else; `kill_pids` ends them by PID.
+`stop_subprocess` ends one server a test started (SIGTERM, then SIGKILL), by PID, and reaps it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,3 +39,18 @@ def kill_pids(pids: Iterable[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def stop_subprocess(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; by PID, and reaped."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace_s)
+        except ProcessLookupError:
+            pass
+    if proc.stderr is not None:
+        proc.stderr.close()

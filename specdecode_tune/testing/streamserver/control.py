@@ -1,19 +1,20 @@
 """The stream server as a subprocess, and its control endpoints, for tests and benchmarks.
 
 `start_subprocess` starts `python -m specdecode_tune.testing.streamserver` on a loopback port in
-a new session and waits until it answers; `stop_subprocess` ends it by PID; `reset` and
-`stats` call its `/reset` and `/stats` (see `app`).
+a new session and waits until it answers; `stop_subprocess` (from `..processes`) ends it by
+PID; `reset` and `stats` call its `/reset` and `/stats` (see `app`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
+
+from ..processes import stop_subprocess
 
 
 def start_subprocess(
@@ -48,21 +49,6 @@ def start_subprocess(
             time.sleep(0.05)
     stop_subprocess(proc)
     raise RuntimeError(f"stream server on port {port} not ready after {timeout_s}s")
-
-
-def stop_subprocess(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; by PID, and reaped."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
-    if proc.stderr is not None:
-        proc.stderr.close()
 
 
 def _post_json(port: int, path: str, obj: dict) -> dict:
