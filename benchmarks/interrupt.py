@@ -38,11 +38,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from specdecode_tune import results
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
 
-from specdecode_tune import results  # noqa: E402
-from tests.conftest import kill_pids, tagged_processes  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 SERVER_GRACE_S = 5.0      # "no server alive a few seconds after each kill"
 SIGINT_EXIT_S = 60.0      # how long a Ctrl-C'd driver may take to save and exit

@@ -1,4 +1,4 @@
-"""How fast and how exact the load generator is, against tests/streamserver.py.
+"""How fast and how exact the load generator is, against the test stream server.
 
 Prints two figures (no assertions; the numbers are for the issue note and for regressions):
 
@@ -26,26 +26,14 @@ import asyncio
 import os
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-import streamserver  # noqa: E402  (tests/ is not a package; the server lives there)
-
-from specdecode_tune.load import LevelPlan, run_level  # noqa: E402
-from specdecode_tune.records import LevelSummary, RequestRecord  # noqa: E402
-from specdecode_tune.workload import WorkloadSpec, iter_prompts  # noqa: E402
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from specdecode_tune.load import LevelPlan, run_level
+from specdecode_tune.records import LevelSummary, RequestRecord
+from specdecode_tune.server import pick_free_port
+from specdecode_tune.testing import streamserver
+from specdecode_tune.workload import WorkloadSpec, iter_prompts
 
 
 async def _level(
@@ -108,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     client_cpu, server_cpu = (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})
-    port = free_port()
+    port = pick_free_port()
     proc = streamserver.start_subprocess(port, cpu=server_cpu)
     try:
         where = (

@@ -30,13 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from specdecode_tune.load import LevelPlan, measure  # noqa: E402
-from specdecode_tune.server import ServerProcess  # noqa: E402
-from specdecode_tune.sim.profile import PROFILE_DIR  # noqa: E402
-from specdecode_tune.workload import WorkloadSpec  # noqa: E402
+from specdecode_tune.load import LevelPlan, measure
+from specdecode_tune.server import ServerProcess
+from specdecode_tune.sim.profile import PROFILE_DIR
+from specdecode_tune.workload import WorkloadSpec
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -7,7 +7,7 @@
 #
 # Output (printed as the last line of stdout):
 #   ${SPECDECODE_CACHE:-$HOME/.cache/specdecode_tune}/llama.cpp-<ver>/bin/llama-server
-# Alongside it: bin/vocab.gguf, a vocabulary-only GGUF that specdecode_tune.testmodels uses.
+# Alongside it: bin/vocab.gguf, a vocabulary-only GGUF that specdecode_tune.testing.models uses.
 # A second run finds the binary and exits at once.
 #
 # Options (environment):

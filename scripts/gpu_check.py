@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from specdecode_tune import procfs, telemetry
+from specdecode_tune import procfs, telemetry  # noqa: E402 (after sys.path: runs from a checkout)
 
 # Prints, as JSON, the UUIDs of the devices CUDA shows this process, in CUDA's order.
 CUDA_UUIDS = r"""

@@ -24,7 +24,7 @@ if [[ "$WHAT" == all || "$WHAT" == gguf ]]; then
     if [[ -s "$out" ]]; then
         echo "$out"
     else
-        "$PY" -m specdecode_tune.testmodels gguf --out "$out" --cycle 32 --noise 3.75 \
+        "$PY" -m specdecode_tune.testing.models gguf --out "$out" --cycle 32 --noise 3.75 \
             --dim 512 --layers 4 >&2
         echo "$out"
     fi
@@ -35,7 +35,7 @@ if [[ "$WHAT" == all || "$WHAT" == hf ]]; then
         echo "$out"
     elif [[ -x "$VLLM_PY" ]]; then
         # The venv does not have this project installed: run the tool from the source tree.
-        PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$VLLM_PY" -m specdecode_tune.testmodels \
+        PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$VLLM_PY" -m specdecode_tune.testing.models \
             hf --out "$out" --cycle 32 --noise 4 --dim 256 --layers 2 >&2
         echo "$out"
     else

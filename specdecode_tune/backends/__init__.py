@@ -7,7 +7,8 @@ path, reads the server's facts after boot, and says how a person would launch th
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 from ..config import BackendConfig
 from ..records import ServerFacts

@@ -110,7 +110,8 @@ class LlamaCppBackend:
     # it answers "Keep-Alive": a client that puts the connection back in its pool gets
     # "Server disconnected" on the next request. Saying "Connection: close" avoids the reuse.
     request_headers: ClassVar[Mapping[str, str]] = {"Connection": "close"}
-    busy_gauges: ClassVar[tuple[str, ...]] = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+    busy_gauges: ClassVar[tuple[str, ...]] = ("llamacpp:requests_processing",
+                                              "llamacpp:requests_deferred")
 
     def program(self, cfg: BackendConfig) -> str:
         if cfg.binary:

@@ -12,7 +12,8 @@ import shlex
 import sys
 import urllib.error
 import urllib.request
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..records import ServerFacts

@@ -83,7 +83,8 @@ class VLLMBackend:
     name = "vllm"
     health_path = "/health"
     request_headers: ClassVar[Mapping[str, str]] = {}
-    busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running",
+                                              "vllm:num_requests_waiting")
 
     def program(self, cfg: BackendConfig) -> str:
         return expand_path(cfg.binary) if cfg.binary else sys.executable

@@ -107,8 +107,8 @@ class Config:
         return (min(v), max(v)) if v else None
 
     def accept(self, c: int) -> float | None:
-        v = [t.levels[c].accept_length for t in self.trials
-             if c in t.levels and t.levels[c].accept_length is not None]
+        v = [a for t in self.trials if c in t.levels
+             for a in [t.levels[c].accept_length] if a is not None]
         return statistics.median(v) if v else None
 
     def fact(self, name: str) -> float | None:
@@ -212,7 +212,7 @@ def _median_levels(trials: Sequence[Trial]) -> list[LevelSummary]:
     for t in trials:
         for c, s in t.levels.items():
             by_c.setdefault(c, []).append(s)
-    for c, ss in sorted(by_c.items()):
+    for _, ss in sorted(by_c.items()):
         out.append(dataclasses.replace(ss[0], output_tok_s=statistics.median(
             s.output_tok_s for s in ss)))
     return out

@@ -109,22 +109,23 @@ def tok_s_vs_steps(data: RunData) -> Figure | None:
     fig, ax = _new(9.0 if len(series) > 1 else 7.5, 4.8)
     colors = dict(zip(data.levels, _colors(len(data.levels))))
     for si, (topk, pts) in enumerate(series):
-        xs = [v for v, _ in pts]
         for c in data.levels:
-            ys = [cf.tok_s(c) for _, cf in pts]
-            keep = [(x, y, cf) for x, y, (_, cf) in zip(xs, ys, pts) if y is not None]
+            # (steps, median tok/s, config, (min, max) tok/s) where measured at c
+            keep = [(x, y, cf, r) for x, cf in pts
+                    for y, r in [(cf.tok_s(c), cf.tok_s_range(c))]
+                    if y is not None and r is not None]
             if not keep:
                 continue
             label = f"C={c}" + (f", topk={topk}" if topk is not None else "")
             ax.plot([k[0] for k in keep], [k[1] for k in keep], color=colors[c],
                     linestyle=_STYLES[si % len(_STYLES)], marker=_MARKERS[si % len(_MARKERS)],
                     label=label)
-            lo = [k[2].tok_s_range(c)[0] for k in keep]
-            hi = [k[2].tok_s_range(c)[1] for k in keep]
+            lo = [k[3][0] for k in keep]
+            hi = [k[3][1] for k in keep]
             if any(h > l_ for l_, h in zip(lo, hi)):
                 ax.fill_between([k[0] for k in keep], lo, hi, color=colors[c], alpha=0.18,
                                 linewidth=0)
-            for x, _, cf in keep:
+            for x, _, cf, _ in keep:
                 if cf.jump:
                     ax.plot([x], [cf.tok_s(c)], marker="*", color="black", markersize=11,
                             linestyle="none")
@@ -232,8 +233,8 @@ def pareto(data: RunData) -> Figure | None:
     if len(data.levels) < 2 or not data.configs:
         return None
     lo_c, hi_c = data.levels[0], data.levels[-1]
-    pts = [(cf, cf.tok_s(lo_c), cf.tok_s(hi_c)) for cf in data.configs]
-    pts = [(cf, x, y) for cf, x, y in pts if x is not None and y is not None]
+    pts = [(cf, x, y) for cf in data.configs
+           for x, y in [(cf.tok_s(lo_c), cf.tok_s(hi_c))] if x is not None and y is not None]
     if not pts:
         return None
     front = [p for p in pts if not any(q[1] >= p[1] and q[2] >= p[2] and (q[1], q[2]) !=
@@ -244,6 +245,8 @@ def pareto(data: RunData) -> Figure | None:
     for cf, x, y in pts:
         on = any(cf is f[0] for f in front)
         xr, yr = cf.tok_s_range(lo_c), cf.tok_s_range(hi_c)
+        if xr is None or yr is None:   # not reached: a median implies a range
+            continue
         ax.errorbar([x], [y], xerr=[[x - xr[0]], [xr[1] - x]], yerr=[[y - yr[0]], [yr[1] - y]],
                     fmt="o" if on else ".", color="C1" if on else "gray",
                     markersize=7 if on else 5, elinewidth=0.8, capsize=2)
@@ -280,10 +283,10 @@ def history(data: RunData) -> Figure | None:
     xs, ys, best_x, best_y = [], [], [], []
     best = -math.inf
     for n, t in enumerate(trials, start=1):
-        if t.usable:
+        if t.usable and t.score is not None:   # usable implies a score
             xs.append(n)
             ys.append(t.score)
-            best = max(best, t.score)  # type: ignore[arg-type]
+            best = max(best, t.score)
         if best > -math.inf:
             best_x.append(n)
             best_y.append(best)

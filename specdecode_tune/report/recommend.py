@@ -173,11 +173,13 @@ def schedule(data: RunData) -> Schedule:
             if cf is None:
                 continue
             tok = cf.tok_s(c)
+            if tok is None:   # not reached: _best_at keeps only the configs measured at c
+                continue
             static = best.tok_s(c) if best is not None else None
-            within = bool(static) and cf is not best and \
-                math.log(tok / static) <= data.level_bands.get(c, data.band)  # type: ignore
-            out.append(Entry(c=c, config=cf, tok_s=tok,  # type: ignore[arg-type]
-                             static_tok_s=static, within_noise=within))
+            within = static is not None and static != 0 and cf is not best and \
+                math.log(tok / static) <= data.level_bands.get(c, data.band)
+            out.append(Entry(c=c, config=cf, tok_s=tok, static_tok_s=static,
+                             within_noise=within))
         return tuple(out)
 
     all_e, raw_chain = entries(False), entries(True)
@@ -185,9 +187,16 @@ def schedule(data: RunData) -> Schedule:
     # in what is emitted: switching settings for a difference the repeats cannot tell from
     # noise is the trap the report exists to avoid.
     static_chain = best is not None and best.param(TOPK) in (None, 1)
-    chain = tuple(Entry(c=e.c, config=best, tok_s=best.tok_s(e.c),  # type: ignore[arg-type]
-                        static_tok_s=e.static_tok_s, kept_static=True)
-                  if e.within_noise and static_chain else e for e in raw_chain)
+
+    def keep_static(e: Entry) -> Entry:
+        """`e`, or the static config in its place where `e` beats it only within noise
+        (then the static config was measured at e.c: static_tok_s is its tok/s there)."""
+        if best is None or not static_chain or not e.within_noise or e.static_tok_s is None:
+            return e
+        return Entry(c=e.c, config=best, tok_s=e.static_tok_s, static_tok_s=e.static_tok_s,
+                     kept_static=True)
+
+    chain = tuple(keep_static(e) for e in raw_chain)
     kept = [e for e in chain if e.kept_static]
     if kept:
         notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
@@ -252,8 +261,8 @@ def _vllm_config(exp: Experiment | None, params: dict[str, Any]) -> dict[str, An
         try:
             from ..backends.vllm import speculative_config
         except ImportError:   # the vLLM backend is optional: fall back to the plain mapping
-            speculative_config = None
-        if speculative_config is not None:
+            pass
+        else:
             conf = speculative_config(exp.backend, params)
             if conf is not None:
                 return dict(conf)

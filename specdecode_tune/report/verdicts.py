@@ -251,8 +251,8 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
                          f"is a peak")
     probes: list[tuple[Any, float, bool]] = []
     if above is not None:
-        if beyond_value is not None:
-            probes.append((beyond_value, beyond_delta, cfs[above].jump))  # type: ignore[arg-type]
+        if beyond_value is not None and beyond_delta is not None:   # set together
+            probes.append((beyond_value, beyond_delta, cfs[above].jump))
         # Values further out: every sampler jump, and the farthest value measured.
         far = [i for i in range(above + 1, n) if cfs[i].jump or i == n - 1]
         for i in far:
@@ -336,11 +336,13 @@ def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Co
     name = _name(axis)
     out = []
     for c in data.levels:
-        idx = [i for i, cf in enumerate(cfs) if (cf.tok_s(c) or 0) > 0]
-        if len(idx) < 2:
+        measured = [(i, tok) for i, cf in enumerate(cfs) for tok in [cf.tok_s(c)]
+                    if tok is not None and tok > 0]
+        if len(measured) < 2:
             continue
+        idx = [i for i, _ in measured]
         vs = [values[i] for i in idx]
-        ys = [math.log(cfs[i].tok_s(c)) for i in idx]  # type: ignore[arg-type]
+        ys = [math.log(tok) for _, tok in measured]
         band = data.level_bands.get(c, data.band)
         sh = shape(ys, band)
         k = sh.best

@@ -35,7 +35,8 @@ log = logging.getLogger("specdecode_tune.sim")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m specdecode_tune.sim",
-        description="A simulated SGLang server (speculative decoding performance model; no GPU, no model).",
+        description="A simulated SGLang server (speculative decoding performance model; no GPU, "
+                    "no model).",
     )
     p.add_argument("--model-path", "--model", dest="model_path", default=None,
                    help="reported model path (default: the profile's)")
@@ -55,10 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored")
     p.add_argument("--log-level", default="info", help="accepted and ignored")
-    p.add_argument("--profile", default=DEFAULT_PROFILE, help="simulator profile: bundled NAME or a TOML PATH")
-    p.add_argument("--boot-time", type=float, default=None, help="seconds to 'load' (default: the profile's)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help="simulator profile: bundled NAME or a TOML PATH")
+    p.add_argument("--boot-time", type=float, default=None,
+                   help="seconds to 'load' (default: the profile's)")
     p.add_argument("--noise-seed", type=int, default=None,
-                   help="seed of the per-boot speed factor and step jitter (default: fresh each boot)")
+                   help="seed of the per-boot speed factor and step jitter (default: fresh each "
+                        "boot)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (as SGLang; shows in ps: "
                         "prefer --api-key-env)")
@@ -99,7 +103,8 @@ def server_args(ns: argparse.Namespace, model_path: str) -> dict[str, Any]:
 
 async def serve(sim: SimServer, host: str, port: int) -> int:
     """Bind at once, boot, serve until SIGTERM/SIGINT; returns the exit code."""
-    runner = web.AppRunner(make_app(sim), access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    runner = web.AppRunner(make_app(sim), access_log=None, handler_cancellation=True,
+                           shutdown_timeout=0.5)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -118,8 +123,8 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
     code = 0
     try:
         await asyncio.wait({boot, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if boot.done() and boot.exception() is not None:
-            err = boot.exception()
+        err = boot.exception() if boot.done() else None
+        if err is not None:
             if isinstance(err, InjectedCrash):
                 log.error("Scheduler hit an exception:\n%s", err)
                 return 1
@@ -139,7 +144,8 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[%(asctime)s] %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s] %(levelname)s %(message)s")
     ns = build_parser().parse_args(argv)        # exits 2 on bad flags
     try:
         profile = load_profile(ns.profile)

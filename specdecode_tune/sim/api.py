@@ -57,12 +57,15 @@ def words(ids: list[int]) -> str:
 def _count(prompt: Any, what: str) -> int:
     if isinstance(prompt, str):
         n = len(prompt.split())
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                          for t in prompt):
         n = len(prompt)
     elif isinstance(prompt, list):
-        raise BadRequest(f"{what}: batch requests (a list of prompts) are not supported by the simulator")
+        raise BadRequest(f"{what}: batch requests (a list of prompts) are not supported by the "
+                         f"simulator")
     else:
-        raise BadRequest(f"{what} must be a string or a list of token ids, got {type(prompt).__name__}")
+        raise BadRequest(f"{what} must be a string or a list of token ids, got "
+                         f"{type(prompt).__name__}")
     if n == 0:
         raise BadRequest(f"{what} is empty")
     return n
@@ -72,8 +75,10 @@ def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise BadRequest(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (kind is int and value != int(value)):
+        raise BadRequest(f"{key} must be {'an integer' if kind is int else 'a number'}, "
+                         f"got {value!r}")
     if value < low:
         raise BadRequest(f"{key} must be >= {low}, got {value!r}")
     return kind(value)
@@ -201,7 +206,8 @@ class OpenAIFormat:
     def _usage(self) -> dict[str, int]:
         r = self.req
         total = r.input_len + r.generated
-        return {"prompt_tokens": r.input_len, "completion_tokens": r.generated, "total_tokens": total}
+        return {"prompt_tokens": r.input_len, "completion_tokens": r.generated,
+                "total_tokens": total}
 
     def _base(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -45,8 +45,9 @@ import os
 import random
 import re
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.space import SHORT_NAMES

@@ -15,7 +15,8 @@ if TYPE_CHECKING:   # scheduler imports Histogram from here; avoid the import cy
     from specdecode_tune.sim.scheduler import Scheduler
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
-_TOKEN_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+_TOKEN_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5,
+                  1.0)
 
 
 @dataclass(slots=True)
@@ -63,21 +64,34 @@ def render(scheduler: Scheduler, model_name: str) -> str:
     out: list[str] = []
 
     def sample(name: str, kind: str, help_: str, value: float) -> None:
-        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"])
+        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}",
+                    f"{name}{{{labels}}} {float(value)}"])
 
-    sample("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", c.prompt_tokens)
-    sample("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", c.generation_tokens)
-    sample("sglang:num_requests_total", "counter", "Number of requests finished.", c.requests_finished)
-    sample("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", c.requests_aborted)
-    sample("sglang:num_running_reqs", "gauge", "The number of running requests.", len(scheduler.running))
-    sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(scheduler.waiting))
+    sample("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+           c.prompt_tokens)
+    sample("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+           c.generation_tokens)
+    sample("sglang:num_requests_total", "counter", "Number of requests finished.",
+           c.requests_finished)
+    sample("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.",
+           c.requests_aborted)
+    sample("sglang:num_running_reqs", "gauge", "The number of running requests.",
+           len(scheduler.running))
+    sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
+           len(scheduler.waiting))
     sample("sglang:token_usage", "gauge", "The token usage of the KV cache.", scheduler.token_usage)
-    sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s), last interval.", c.interval_gen_throughput)
-    sample("sglang:spec_accept_length", "gauge", "The average acceptance length, last interval.", c.interval_accept_length)
+    sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s), last interval.",
+           c.interval_gen_throughput)
+    sample("sglang:spec_accept_length", "gauge", "The average acceptance length, last interval.",
+           c.interval_accept_length)
     for name, hist, help_ in (
-        ("sglang:time_to_first_token_seconds", c.ttft, "Histogram of time to first token in seconds."),
-        ("sglang:time_per_output_token_seconds", c.tpot, "Histogram of time per output token in seconds."),
-        ("sglang:e2e_request_latency_seconds", c.e2e, "Histogram of end-to-end request latency in seconds."),
+        ("sglang:time_to_first_token_seconds", c.ttft,
+         "Histogram of time to first token in seconds."),
+        ("sglang:time_per_output_token_seconds", c.tpot,
+         "Histogram of time per output token in seconds."),
+        ("sglang:e2e_request_latency_seconds", c.e2e,
+         "Histogram of end-to-end request latency in seconds."),
     ):
-        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} histogram", *hist.lines(name, labels)])
+        out.extend([f"# HELP {name} {help_}", f"# TYPE {name} histogram",
+                    *hist.lines(name, labels)])
     return "\n".join(out) + "\n"

@@ -149,12 +149,15 @@ def _int_arg(params: Mapping[str, Any], key: str, default: int | None, low: int)
     if value is None:      # absent, or given as None: the default
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise StartupError("invalid_args", f"error: --{key.replace('_', '-')} = {value!r}: must be an integer >= {low}")
+        raise StartupError("invalid_args", f"error: --{key.replace('_', '-')} = {value!r}: "
+                                           f"must be an integer >= {low}")
     return value
 
 
-def normalize_params(profile: Profile, params: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Apply defaults and SGLang's argument rules; returns (args, warnings) or raises StartupError."""
+def normalize_params(profile: Profile, params: Mapping[str, Any]
+                     ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Apply defaults and SGLang's argument rules; returns (args, warnings) or raises
+    StartupError."""
     d = profile.defaults
     warnings: list[str] = []
     out = dict(params)
@@ -174,7 +177,8 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]) -> tuple[dict[
     frac = params.get("mem_fraction_static")
     frac = d.mem_fraction_static if frac is None else frac
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-        raise StartupError("invalid_args", f"error: --mem-fraction-static = {frac!r}: must be in (0, 1)")
+        raise StartupError("invalid_args",
+                           f"error: --mem-fraction-static = {frac!r}: must be in (0, 1)")
     out.update(
         speculative_algorithm=algo,
         speculative_num_steps=steps if algo else None,
@@ -191,7 +195,8 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]) -> tuple[dict[
 def _spec_numbers(
     profile: Profile, params: Mapping[str, Any], steps: int | None, warnings: list[str]
 ) -> tuple[int, int, int]:
-    """(steps, topk, draft tokens) under SGLang's rules: all three or none; topk 1 forces a chain."""
+    """(steps, topk, draft tokens) under SGLang's rules: all three or none; topk 1 forces a
+    chain."""
     topk = _int_arg(params, "speculative_eagle_topk", None, 1)
     draft = _int_arg(params, "speculative_num_draft_tokens", None, 1)
     if steps is None and topk is None and draft is None:   # SGLang chooses them itself
@@ -217,7 +222,8 @@ def _spec_numbers(
             f"speculative_eagle_topk + 1 = {steps * topk + 1}",
         )
     if draft < 2:
-        raise StartupError("invalid_args", f"error: --speculative-num-draft-tokens = {draft}: must be >= 2")
+        raise StartupError("invalid_args",
+                           f"error: --speculative-num-draft-tokens = {draft}: must be >= 2")
     return steps, topk, draft
 
 
@@ -263,8 +269,9 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     mem_limit = kv_tokens // m.request_reserve_tokens
     flag = args["max_running_requests"]
     running_limit = min(mem_limit, flag) if flag else mem_limit
-    greedy, widths = tree_acceptance(profile.acceptance.greedy, profile.acceptance.sibling_hit, steps, topk, n - 1)
-    sampled, _ = tree_acceptance(profile.acceptance.sampled, profile.acceptance.sibling_hit, steps, topk, n - 1)
+    hit = profile.acceptance.sibling_hit
+    greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, steps, topk, n - 1)
+    sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, steps, topk, n - 1)
     args["max_running_requests"] = running_limit
     return Facts(
         params=args,
@@ -404,7 +411,8 @@ def _infeasible(reason: str, facts: Facts | None = None) -> Prediction:
     return Prediction(False, reason, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, kv, limit)
 
 
-def predict(profile: Profile, params: Mapping[str, Any], concurrency: int, workload: Workload) -> Prediction:
+def predict(profile: Profile, params: Mapping[str, Any], concurrency: int,
+            workload: Workload) -> Prediction:
     """Steady-state closed-loop figures at `concurrency` (see the module docstring)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -415,14 +423,17 @@ def predict(profile: Profile, params: Mapping[str, Any], concurrency: int, workl
     return predict_facts(profile, facts, concurrency, workload)
 
 
-def predict_facts(profile: Profile, facts: Facts, concurrency: int, workload: Workload) -> Prediction:
+def predict_facts(profile: Profile, facts: Facts, concurrency: int,
+                  workload: Workload) -> Prediction:
     """`predict` for already computed Facts (a benchmark varying concurrency or workload)."""
     per_request_kv = workload.input_len + workload.output_len
     if workload.input_len > facts.max_req_input_len:
-        reason = f"input of {workload.input_len} tokens exceeds max_req_input_len {facts.max_req_input_len}"
+        reason = (f"input of {workload.input_len} tokens exceeds max_req_input_len "
+                  f"{facts.max_req_input_len}")
         return _infeasible(reason, facts)
     if per_request_kv > facts.max_total_num_tokens:   # the server rejects such a request (400)
-        reason = f"input + output = {per_request_kv} tokens exceeds the KV pool {facts.max_total_num_tokens}"
+        reason = (f"input + output = {per_request_kv} tokens exceeds the KV pool "
+                  f"{facts.max_total_num_tokens}")
         return _infeasible(reason, facts)
     cap = min(facts.max_running_requests, facts.max_total_num_tokens // per_request_kv)
     running = min(concurrency, cap)

@@ -28,7 +28,8 @@ PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "seed-qwen35-122b"
 
 
-_BOUNDS = {"gt": (operator.gt, ">"), "ge": (operator.ge, ">="), "lt": (operator.lt, "<"), "le": (operator.le, "<=")}
+_BOUNDS = {"gt": (operator.gt, ">"), "ge": (operator.ge, ">="), "lt": (operator.lt, "<"),
+           "le": (operator.le, "<=")}
 
 
 def _rule(**limits: float) -> dict[str, dict[str, float]]:
@@ -41,7 +42,7 @@ class Hardware:
     """The GPUs one server runs on, and how the cost coefficients scale with tensor parallelism."""
 
     gpu_memory_bytes: int = field(metadata=_rule(gt=0))       # per GPU, as the driver reports it
-    tp_size: int = field(metadata=_rule(ge=1))                # default --tp-size; costs are fitted at it
+    tp_size: int = field(metadata=_rule(ge=1))                # default --tp-size (the costs' fit)
     # Bandwidth-bound costs scale as (tp_size / tp) ** exponent when --tp-size differs
     # (1.0 = perfect scaling; below 1 accounts for all-reduce overhead).
     tp_scaling_exponent: float = field(metadata=_rule(ge=0, le=1))
@@ -100,16 +101,17 @@ class Acceptance:
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """Time of one scheduler iteration, in seconds, at `hardware.tp_size` (see `model.step_time`)."""
+    """Time of one scheduler iteration, in seconds, at `hardware.tp_size` (see
+    `model.step_time`)."""
 
-    decode_fixed_s: float = field(metadata=_rule(ge=0))        # launch + attention + dense, any step
+    decode_fixed_s: float = field(metadata=_rule(ge=0))        # launch + attention + dense, a step
     verify_moe_s: float = field(metadata=_rule(ge=0))          # streaming every routed expert once
     moe_route_fraction: float = field(metadata=_rule(gt=0, le=1))   # experts per token / experts
     verify_per_token_s: float = field(metadata=_rule(ge=0))    # per (padded) token verified
     verify_token_tile: int = field(metadata=_rule(ge=1))       # tokens in a pass pad to a multiple
     spec_fixed_s: float = field(metadata=_rule(ge=0))          # draft extend, tree build, sampling
     draft_step_fixed_s: float = field(metadata=_rule(ge=0))    # one draft forward
-    draft_step_per_token_s: float = field(metadata=_rule(ge=0))    # per (batch x topk) token drafted
+    draft_step_per_token_s: float = field(metadata=_rule(ge=0))    # per (batch x topk) token
     eager_factor: float = field(metadata=_rule(ge=1))          # batch above cuda_graph_max_bs
     prefill_fixed_s: float = field(metadata=_rule(ge=0))
     prefill_per_token_s: float = field(metadata=_rule(ge=0))
@@ -231,7 +233,7 @@ def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
     if unknown:
         allowed = ", ".join([*_TOP_KEYS, *_OPTIONAL_KEYS, *_SECTIONS])
         raise ConfigError(f"{where}: unknown key {min(unknown)!r}; allowed: {allowed}")
-    top = {}
+    top: dict[str, Any] = {}
     for key in _TOP_KEYS:
         value = data.get(key)
         if not isinstance(value, str) or (key == "name" and not value):
@@ -287,7 +289,8 @@ def _check_number(where: str, key: str, value: Any, kind: type, f: dataclasses.F
     # bool is an int in Python; a `true` in a numeric key is a mistake, not a 1.
     ok_types = (int,) if kind is int else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_types) or not math.isfinite(value):
-        raise ConfigError(f"{where}: {key} = {value!r}: must be {'an integer' if kind is int else 'a number'}")
+        raise ConfigError(f"{where}: {key} = {value!r}: must be "
+                          f"{'an integer' if kind is int else 'a number'}")
     limits = f.metadata.get("rule", {})
     if not all(_BOUNDS[name][0](value, bound) for name, bound in limits.items()):
         allowed = " and ".join(f"{_BOUNDS[name][1]} {bound}" for name, bound in limits.items())

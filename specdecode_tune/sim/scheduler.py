@@ -97,7 +97,8 @@ class Scheduler:
     """The engine loop. `submit` from handlers, `abort` on disconnect, `run` as one task."""
 
     def __init__(
-        self, profile: Profile, facts: Facts, seed: int | None, speed_factor: float, noise_seed: int | None = None
+        self, profile: Profile, facts: Facts, seed: int | None, speed_factor: float,
+        noise_seed: int | None = None,
     ) -> None:
         self.profile = profile
         self.facts = facts
@@ -118,7 +119,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handler side
 
-    def submit(self, input_len: int, max_new_tokens: int, temperature: float, ignore_eos: bool) -> SimRequest:
+    def submit(self, input_len: int, max_new_tokens: int, temperature: float,
+               ignore_eos: bool) -> SimRequest:
         f = self.facts
         if input_len > f.max_req_input_len:
             raise RequestRejected(
@@ -220,7 +222,8 @@ class Scheduler:
                 now = loop.time()
                 c = self.counters
                 c.interval_gen_throughput = interval_tokens / max(now - interval_start, 1e-9)
-                c.interval_accept_length = interval_tokens / interval_verify if interval_verify else 0.0
+                c.interval_accept_length = (interval_tokens / interval_verify
+                                            if interval_verify else 0.0)
                 interval_start, interval_tokens, interval_verify = now, 0, 0
 
     def _jitter(self) -> float:

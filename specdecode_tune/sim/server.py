@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from specdecode_tune import __version__
 from specdecode_tune.sim import metrics
@@ -53,8 +54,10 @@ def gpu_ids_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
 
 
 def _error(status: int, message: str) -> web.Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 503: "ServiceUnavailable"}
-    body = {"object": "error", "message": message, "type": kind.get(status, "InternalServerError"), "code": status}
+    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+            503: "ServiceUnavailable"}
+    body = {"object": "error", "message": message,
+            "type": kind.get(status, "InternalServerError"), "code": status}
     # OpenAI clients read the top-level fields, SGLang-native ones read {"error": {...}}.
     return web.json_response({"error": body, **body}, status=status)
 
@@ -81,7 +84,8 @@ class SimServer:
         return self.scheduler is not None
 
     async def boot(self) -> None:
-        """Sleep through the boot; raises StartupError where SGLang would fail (after weights load)."""
+        """Sleep through the boot; raises StartupError where SGLang would fail (after weights
+        load)."""
         fail_at = self.boot_seconds * self.profile.boot.fail_at_fraction
         await asyncio.sleep(fail_at)
         injected = self.faults.startup_failure()
@@ -94,10 +98,11 @@ class SimServer:
         log.info("max_total_num_tokens=%d, max_running_requests=%d, max_req_input_len=%d",
                  facts.max_total_num_tokens, facts.max_running_requests, facts.max_req_input_len)
         await asyncio.sleep(self.boot_seconds - fail_at)
-        noise = random.Random(self.noise_seed)    # None = fresh entropy: boots differ like real runs
+        noise = random.Random(self.noise_seed)   # None = fresh entropy: boots differ as real ones
         factor = boot_speed_factor(self.profile.noise.boot_sigma, noise)
         self.facts = facts
-        self.scheduler = Scheduler(self.profile, facts, self.args.get("random_seed"), factor, noise.getrandbits(64))
+        self.scheduler = Scheduler(self.profile, facts, self.args.get("random_seed"), factor,
+                                   noise.getrandbits(64))
         self._task = asyncio.create_task(self.scheduler.run())
         self.faults.on_hang = self.scheduler.freeze
         slowdown = self.faults.slowdown()
@@ -164,7 +169,7 @@ class InjectedCrash(Exception):
 _OPEN_PATHS = ("/health", "/metrics")
 
 
-def _guard(sim: SimServer) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _guard(sim: SimServer) -> Middleware:
     """Middleware: an injected hang holds every request; a set API key is required."""
 
     @web.middleware
@@ -215,12 +220,14 @@ class Routes:
 
     async def models(self, request: web.Request) -> web.Response:
         name = self.sim.args["served_model_name"]
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang"}]})
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "sglang"}]})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         sched = self._scheduler()
         if sched.running or sched.waiting:
-            return web.Response(status=400, text="Cache not flushed. There are still requests running or waiting.")
+            return web.Response(status=400, text="Cache not flushed. There are still requests "
+                                                 "running or waiting.")
         return web.Response(text="Cache flushed.\n")
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -273,7 +280,8 @@ class Routes:
         except BadRequest as e:
             return _error(400, str(e))
         try:
-            req = sched.submit(params.input_len, params.max_new_tokens, params.temperature, params.ignore_eos)
+            req = sched.submit(params.input_len, params.max_new_tokens, params.temperature,
+                               params.ignore_eos)
         except RequestRejected as e:
             return _error(400, str(e))
         fmt = make_format(req, params)

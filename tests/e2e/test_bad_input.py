@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from specdecode_tune import search
-from tests.conftest import DATA, REPO, kill_pids, tagged_processes
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
+from tests.conftest import DATA, REPO
 
 BAD = sorted((DATA / "bad").glob("*.toml"))
 

@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 
 from specdecode_tune import enginecache, results
-from tests.conftest import REPO, kill_pids, tagged_processes
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
 

@@ -14,7 +14,8 @@ import pytest
 
 from specdecode_tune import results
 from specdecode_tune.config import load_experiment
-from tests.conftest import REPO, kill_pids, tagged_processes
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not VOCAB.is_file():
         pytest.skip(f"no vocabulary GGUF at {VOCAB}: run scripts/build_llama_server.sh")
     pytest.importorskip("gguf", reason="the model tool needs the gguf package")
-    from specdecode_tune.testmodels import write_gguf
+    from specdecode_tune.testing.models import write_gguf
 
     d = tmp_path_factory.mktemp("llamacpp-models")
     # dim 256 / 2 layers: noise 0 accepts every draft; noise 5 about 0.6 of them at K = 8.

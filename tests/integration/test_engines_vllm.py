@@ -43,7 +43,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("vllm-model") / "cycle-hf"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [str(VLLM_PY), "-m", "specdecode_tune.testmodels", "hf", "--out", str(out),
+        [str(VLLM_PY), "-m", "specdecode_tune.testing.models", "hf", "--out", str(out),
          "--cycle", "32", "--noise", "0", "--dim", "256", "--layers", "2"],
         env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

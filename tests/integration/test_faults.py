@@ -26,8 +26,9 @@ from specdecode_tune.config import load_experiment
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.server import ServerProcess, process_group_alive
 from specdecode_tune.sim.faults import parse_fault
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
 from specdecode_tune.trial import TrialContext, run_trial
-from tests.conftest import DATA, REPO, kill_pids, pid_alive, tagged_processes
+from tests.conftest import DATA, REPO, pid_alive
 
 STEPS3 = {"speculative_num_steps": 3}
 

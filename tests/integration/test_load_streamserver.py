@@ -1,7 +1,8 @@
 """The load generator against a real stream server subprocess on loopback.
 
-One server (tests/streamserver.py) serves the module; each test reconfigures it through
-`/reset`. What the server says it sent and saw is the reference for the client's figures.
+One server (`specdecode_tune.testing.streamserver`) serves the module; each test reconfigures
+it through `/reset`. What the server says it sent and saw is the reference for the client's
+figures.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from collections.abc import Iterator
 
 import aiohttp
 import pytest
-import streamserver
 from conftest import pick_free_port, pid_alive
 
 from specdecode_tune.load import LevelPlan, measure, run_level
 from specdecode_tune.records import LevelSummary, RequestRecord
+from specdecode_tune.testing import streamserver
 from specdecode_tune.workload import WorkloadSpec, iter_prompts
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from specdecode_tune import results
-from tests.conftest import DATA, REPO, kill_pids, pid_alive, tagged_processes
+from specdecode_tune.testing.processes import kill_pids, tagged_processes
+from tests.conftest import DATA, REPO, pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +103,7 @@ def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
     storage = tmp_path / "runs"
     run_dir = storage / "sim-small"
     cmd = search_cmd(exp, storage, "--max-trials", "5")
-    log = open(tmp_path / "first.log", "w")
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (closed in the finally below)
     driver = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
     try:
         wait_for(lambda: sum(r["trial_id"] != "baseline" for r in trials_rows(run_dir)) >= 2

@@ -135,9 +135,8 @@ def test_failed_start_is_classified_and_torn_down(tmp_path: Path, kind: str, arg
     gc = tmp_path / "grandchild.pid"
     srv = ServerProcess(fake("--grandchild", str(gc), *args), log_path=tmp_path / "s.log",
                         boot_timeout_s=20, pidfile=tmp_path / "pids" / "t.json")
-    with pytest.raises(ServerStartError) as info:
-        with srv:
-            pytest.fail("the block must not run for a failed start")
+    with pytest.raises(ServerStartError) as info, srv:
+        pytest.fail("the block must not run for a failed start")
     err = info.value
     assert err.kind == kind
     assert in_reason in err.reason
@@ -148,19 +147,19 @@ def test_failed_start_is_classified_and_torn_down(tmp_path: Path, kind: str, arg
 
 
 def test_missing_program_is_missing_binary(tmp_path: Path) -> None:
-    with pytest.raises(ServerStartError) as info:
-        with ServerProcess([str(tmp_path / "no-such-server"), "--port", "{port}"],
-                           log_path=tmp_path / "s.log", boot_timeout_s=5):
-            pass
+    with (pytest.raises(ServerStartError) as info,
+          ServerProcess([str(tmp_path / "no-such-server"), "--port", "{port}"],
+                        log_path=tmp_path / "s.log", boot_timeout_s=5)):
+        pass
     assert info.value.kind == "missing_binary"
     assert "no-such-server" in info.value.reason
 
 
 def test_missing_python_module_is_missing_binary(tmp_path: Path) -> None:
-    with pytest.raises(ServerStartError) as info:
-        with ServerProcess([PYTHON, "-m", "no_such_pkg_zz.launch_server", "--port", "{port}"],
-                           log_path=tmp_path / "s.log", boot_timeout_s=10):
-            pass
+    with (pytest.raises(ServerStartError) as info,
+          ServerProcess([PYTHON, "-m", "no_such_pkg_zz.launch_server", "--port", "{port}"],
+                        log_path=tmp_path / "s.log", boot_timeout_s=10)):
+        pass
     assert info.value.kind == "missing_binary"
     assert "no_such_pkg_zz" in info.value.reason
 
@@ -168,9 +167,8 @@ def test_missing_python_module_is_missing_binary(tmp_path: Path) -> None:
 def test_boot_timeout_kills_a_hung_server(tmp_path: Path) -> None:
     srv = ServerProcess(fake("--hang"), log_path=tmp_path / "s.log", boot_timeout_s=1.0)
     t0 = time.monotonic()
-    with pytest.raises(ServerStartError) as info:
-        with srv:
-            pass
+    with pytest.raises(ServerStartError) as info, srv:
+        pass
     assert time.monotonic() - t0 < 5
     assert info.value.kind == "timeout"
     assert "not healthy after 1 s (no answer" in info.value.reason
@@ -180,9 +178,8 @@ def test_boot_timeout_kills_a_hung_server(tmp_path: Path) -> None:
 def test_boot_timeout_while_answering_503(tmp_path: Path) -> None:
     srv = ServerProcess(fake("--healthy-after", "100"), log_path=tmp_path / "s.log",
                         boot_timeout_s=1.0)
-    with pytest.raises(ServerStartError) as info:
-        with srv:
-            pass
+    with pytest.raises(ServerStartError) as info, srv:
+        pass
     assert info.value.kind == "timeout"
     assert "last answer 503" in info.value.reason
     assert_gone(srv.pid)
@@ -191,9 +188,8 @@ def test_boot_timeout_while_answering_503(tmp_path: Path) -> None:
 def test_boot_timeout_holds_when_the_socket_never_answers(tmp_path: Path) -> None:
     srv = ServerProcess(fake("--mute"), log_path=tmp_path / "s.log", boot_timeout_s=1.0)
     t0 = time.monotonic()
-    with pytest.raises(ServerStartError) as info:
-        with srv:
-            pass
+    with pytest.raises(ServerStartError) as info, srv:
+        pass
     assert time.monotonic() - t0 < 3                        # a probe never outlives the deadline
     assert info.value.kind == "timeout"
     assert_gone(srv.pid)
@@ -232,10 +228,9 @@ def test_exception_in_the_block_still_tears_down(tmp_path: Path,
     gc = tmp_path / "gc.pid"
     srv = ServerProcess(fake("--grandchild", str(gc)), log_path=tmp_path / "s.log",
                         boot_timeout_s=20)
-    with pytest.raises(exc):
-        with srv:
-            wait_for_file(gc)
-            raise exc("boom")
+    with pytest.raises(exc), srv:
+        wait_for_file(gc)
+        raise exc("boom")
     assert_gone(srv.pid, int(gc.read_text()))
 
 
@@ -257,9 +252,8 @@ def test_interrupt_during_boot_tears_down(tmp_path: Path) -> None:
 
     srv = ServerProcess(fake(), log_path=tmp_path / "s.log", boot_timeout_s=20,
                         ready_check=ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        with srv:
-            pass
+    with pytest.raises(KeyboardInterrupt), srv:
+        pass
     assert_gone(srv.pid)
 
 

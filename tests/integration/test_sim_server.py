@@ -1,4 +1,5 @@
-"""The simulator as a subprocess on loopback: start-up rules, endpoints, errors, disconnects, signals."""
+"""The simulator as a subprocess on loopback: start-up rules, endpoints, errors, disconnects,
+signals."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_server_info_fields_and_gpu_ids() -> None:
     with run_sim(*SPEC4, *FAST, "--random-seed", "7", env=env) as (base, _):
         status, info = _get(base + "/server_info")
         assert status == 200
-        assert _get(base + "/get_server_info")[1]["max_total_num_tokens"] == info["max_total_num_tokens"]
+        assert _get(base + "/get_server_info")[1]["max_total_num_tokens"] == \
+            info["max_total_num_tokens"]
     assert info["gpu_ids"] == ["3", "5"]
     assert info["tp_size"] == 2 and info["host"] == "127.0.0.1"
     assert (info["speculative_algorithm"], info["speculative_num_steps"]) == ("EAGLE3", 4)
@@ -124,12 +126,14 @@ def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
         (("--no-such-flag",), 2, "unrecognized arguments"),
         (("--profile", "no-such-profile"), 2, "not found"),
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "10",
-          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11"), 1, "Not enough memory"),
+          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11"), 1,
+         "Not enough memory"),
         (("--mem-fraction-static", "0.5"), 1, "Not enough memory"),
         (("--mem-fraction-static", "0.97"), 1, "CUDA out of memory"),
     ],
 )
-def test_startup_failures_exit_nonzero_with_sglang_messages(args: tuple[str, ...], code: int, phrase: str) -> None:
+def test_startup_failures_exit_nonzero_with_sglang_messages(args: tuple[str, ...], code: int,
+                                                            phrase: str) -> None:
     with run_sim(*args, "--boot-time", "0.2", wait=False) as (_, proc):
         assert _wait_exit(proc) == code
         log = sim_log(proc)
@@ -180,12 +184,12 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert all(c["meta_info"]["finish_reason"] is None for c in data[:-1])
     verify = final["spec_verify_ct"]
     assert final["spec_accept_length"] == pytest.approx(40 / verify)
-    assert 40 == 1 + verify + final["spec_num_correct_drafts"]
+    assert 40 == 1 + verify + final["spec_num_correct_drafts"]  # noqa: SIM300 (the total first)
     assert final["spec_num_proposed_drafts"] == 4 * verify
     hist = final["spec_correct_drafts_histogram"]
     assert len(hist) == 5 and sum(hist) == verify
     assert sum(i * n for i, n in enumerate(hist)) == final["spec_num_correct_drafts"]
-    assert len(data) == verify + 1                     # a chunk per iteration: prefill + each verify
+    assert len(data) == verify + 1                     # a chunk per iteration: prefill, verifies
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(39 / verify)
 
 
@@ -207,17 +211,20 @@ def test_openai_completions_and_chat() -> None:
         body.pop("stream_options")
         plain = asyncio.run(stream(base, "/v1/completions", body))
         chat = asyncio.run(stream(base, "/v1/chat/completions", {
-            "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6, "stream": True}))
+            "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6,
+            "stream": True}))
         status, single = _post(base + "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 5})
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert len(text.split()) == 12
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 12, "total_tokens": 15}
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
-    assert plain[-1]["usage"]["completion_tokens"] == 12 and plain[-1]["choices"][0]["finish_reason"] == "length"
+    assert plain[-1]["usage"]["completion_tokens"] == 12 and \
+        plain[-1]["choices"][0]["finish_reason"] == "length"
     assert chat[0]["choices"][0]["delta"]["role"] == "assistant"
     assert len("".join(c["choices"][0]["delta"].get("content", "") for c in chat).split()) == 6
-    assert status == 200 and single["usage"]["prompt_tokens"] == 3 and single["usage"]["completion_tokens"] == 5
+    assert status == 200 and single["usage"]["prompt_tokens"] == 3 and \
+        single["usage"]["completion_tokens"] == 5
 
 
 def test_bad_requests_get_400_and_404_and_never_crash() -> None:
@@ -241,7 +248,8 @@ def test_bad_requests_get_400_and_404_and_never_crash() -> None:
         status, err = _get(base + "/no/such/path")
         assert status == 404 and "Not Found" in err["error"]["message"]
         assert _get(base + "/generate")[0] == 405
-        assert _post(base + "/generate", {"text": "still alive", "sampling_params": {"max_new_tokens": 3}})[0] == 200
+        assert _post(base + "/generate", {"text": "still alive",
+                                          "sampling_params": {"max_new_tokens": 3}})[0] == 200
         assert proc.poll() is None
 
 
@@ -279,14 +287,16 @@ def test_client_disconnects_free_slots_and_kv() -> None:
         assert left == 0, f"aborted requests still hold slots after {waited:.1f} s"
         assert _metric(base, "sglang:token_usage") == 0.0
         assert _metric(base, "sglang:num_aborted_requests_total") == 40
-        status, out = _post(base + "/generate", {"text": "after", "sampling_params": {"max_new_tokens": 4}})
+        status, out = _post(base + "/generate",
+                            {"text": "after", "sampling_params": {"max_new_tokens": 4}})
         assert status == 200 and out["meta_info"]["completion_tokens"] == 4
         assert proc.poll() is None
 
 
 def test_metrics_names_and_flush_cache() -> None:
     with run_sim(*SPEC4, *FAST) as (base, _):
-        _post(base + "/generate", {"text": "a b", "sampling_params": {"max_new_tokens": 30, "temperature": 0}})
+        _post(base + "/generate",
+              {"text": "a b", "sampling_params": {"max_new_tokens": 30, "temperature": 0}})
 
         async def text(path: str) -> tuple[int, str]:
             async with aiohttp.ClientSession() as s, s.post(base + path) as r:
@@ -294,8 +304,9 @@ def test_metrics_names_and_flush_cache() -> None:
         flushed = asyncio.run(text("/flush_cache"))
         body = asyncio.run(_metrics_text(base))
         model = _get(base + "/model_info")[1]
-    for name in ("sglang:generation_tokens_total", "sglang:num_running_reqs", "sglang:num_queue_reqs",
-                 "sglang:token_usage", "sglang:spec_accept_length", "sglang:time_to_first_token_seconds_bucket"):
+    for name in ("sglang:generation_tokens_total", "sglang:num_running_reqs",
+                 "sglang:num_queue_reqs", "sglang:token_usage", "sglang:spec_accept_length",
+                 "sglang:time_to_first_token_seconds_bucket"):
         assert f"\n{name}{{" in "\n" + body, name
     assert 'sglang:generation_tokens_total{model_name="Qwen/Qwen3.5-122B-A10B-FP8"} 30.0' in body
     assert flushed[0] == 200
@@ -319,7 +330,8 @@ def test_metrics_absent_without_enable_metrics() -> None:
 def test_signal_stops_promptly_even_mid_stream(sig: signal.Signals) -> None:
     with run_sim(*SPEC4, *FAST) as (base, proc):
         async def go() -> None:
-            body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 100_000 // 10}}
+            body = {"text": "x", "stream": True,
+                    "sampling_params": {"max_new_tokens": 100_000 // 10}}
             async with aiohttp.ClientSession() as s, s.post(base + "/generate", json=body) as r:
                 async for _ in r.content:
                     proc.send_signal(sig)

@@ -32,11 +32,12 @@ def _argv(params: dict[str, object]) -> list[str]:
     return [a for k, v in params.items() for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
-async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: float, window: float) -> float:
+async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: float,
+                      window: float) -> float:
     """Output tokens/s arriving inside [warmup, warmup + window] with `concurrency` clients."""
     body = {"input_ids": [7] * workload.input_len, "stream": True,
-            "sampling_params": {"max_new_tokens": workload.output_len, "temperature": workload.temperature,
-                                "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": workload.output_len,
+                                "temperature": workload.temperature, "ignore_eos": True}}
     start = time.perf_counter() + warmup
     end = start + window
     counted = 0
@@ -56,7 +57,8 @@ async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: f
 
     timeout = aiohttp.ClientTimeout(total=warmup + window + 60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await asyncio.wait_for(asyncio.gather(*(client(session) for _ in range(concurrency))), warmup + window + 60)
+        await asyncio.wait_for(asyncio.gather(*(client(session) for _ in range(concurrency))),
+                               warmup + window + 60)
     return counted / window
 
 
@@ -80,13 +82,15 @@ def test_http_throughput_matches_predict(steps: int, concurrency: int) -> None:
     expected, measured = _measure(_spec(steps), concurrency, workload, warmup=2.0, window=8.0)
     print(f"\nC={concurrency} steps={steps} out={workload.output_len}: predict {expected:.1f} "
           f"http {measured:.1f} ({measured / expected - 1:+.1%})")
-    assert measured == pytest.approx(expected, rel=0.10), f"predict {expected:.0f} tok/s, measured {measured:.0f}"
+    assert measured == pytest.approx(expected, rel=0.10), \
+        f"predict {expected:.0f} tok/s, measured {measured:.0f}"
 
 
 def _seed_rows() -> list[tuple[int, int, float]]:
     with SEED.open() as f:
         rows = [r for r in csv.reader(f) if r and not r[0].startswith("#")]
-    return [(int(r[1]), int(r[2]), float(r[3])) for r in rows if r[0] == "output_tok_s" and r[1] in ("1", "16")]
+    return [(int(r[1]), int(r[2]), float(r[3])) for r in rows
+            if r[0] == "output_tok_s" and r[1] in ("1", "16")]
 
 
 @pytest.mark.slow
@@ -95,5 +99,6 @@ def test_seed_rows_through_http(concurrency: int, steps: int, seed: float) -> No
     workload = Workload.calibration(load_profile("seed-qwen35-122b"))
     expected, measured = _measure(_spec(steps), concurrency, workload, warmup=3.0, window=8.0)
     print(f"\nC={concurrency:<3} steps={steps}  seed {seed:7.0f}  predict {expected:7.1f}  "
-          f"http {measured:7.1f}  ({measured / expected - 1:+.1%} vs predict, {measured / seed - 1:+.1%} vs seed)")
+          f"http {measured:7.1f}  ({measured / expected - 1:+.1%} vs predict, "
+          f"{measured / seed - 1:+.1%} vs seed)")
     assert measured == pytest.approx(expected, rel=0.10)

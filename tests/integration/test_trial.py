@@ -49,7 +49,7 @@ def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
     assert result.facts.max_running_requests == want.max_running_requests
     # flagged when C=16 is above the running limit (queueing), and only then
     c16 = next(lv for lv in result.levels if lv.concurrency == 16)
-    assert c16.over_running_limit == (16 > want.max_running_requests)
+    assert c16.over_running_limit == (16 > want.max_running_requests)  # noqa: SIM300 (C first)
 
     tables = results.read_tables(ctx.run_dir)
     assert tables.trials.num_rows == 1 and tables.levels.num_rows == 2

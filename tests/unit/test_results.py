@@ -7,7 +7,8 @@ import json
 import socket
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ def level(concurrency: int = 8, **kw: object) -> LevelSummary:
         e2e_p99=3.3, accept_length=3.1, accept_histogram=(600, 500, 400),
         over_running_limit=False, suspect=True, note="1 error")
     base.update(kw)
-    return LevelSummary(**base)  # type: ignore[arg-type]
+    return LevelSummary(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 def trial(trial_id: str = "t0001", levels: tuple[LevelSummary, ...] = (), **kw: object
@@ -68,7 +69,7 @@ def trial(trial_id: str = "t0001", levels: tuple[LevelSummary, ...] = (), **kw: 
                                   extra={"cuda_graph_max_bs": 64}),
                 levels=levels, wall_s=400.25, repeat=1, suspect=False)
     base.update(kw)
-    return TrialResult(**base)  # type: ignore[arg-type]
+    return TrialResult(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path: Path) -> None:
     l8, l16 = level(8), level(16, suspect=False, errors=0, note="")
     write_level(tmp_path, "t0001", l8, reqs8, params=PARAMS, repeat=1)
     write_level(tmp_path, "t0001", l16, reqs16, params=PARAMS, repeat=1)
-    started = datetime(2026, 11, 29, 10, 0, 0, 123456, tzinfo=timezone.utc)
+    started = datetime(2026, 11, 29, 10, 0, 0, 123456, tzinfo=UTC)
     write_trial(tmp_path, trial(levels=(l8, l16)),
                 extra={"score": 341.3, "jump_reason": "plateau: steps 6->10", "sampler": "pe",
                        "node": "gpu-7", "started_at": started,
@@ -259,7 +260,7 @@ def test_writer_killed_between_temp_and_rename_leaves_the_old_file(tmp_path: Pat
 
 
 def test_a_table_that_fails_to_build_writes_nothing(tmp_path: Path) -> None:
-    bad = dataclasses.replace(request(0), input_tokens=None)  # type: ignore[arg-type]
+    bad = dataclasses.replace(request(0), input_tokens=None)  # type: ignore[arg-type]  # on purpose
     with pytest.raises(ValueError, match="'input_tokens' must not be null"):
         write_level(tmp_path, "t0001", level(8), [bad], params=PARAMS, repeat=0)
     assert not (tmp_path / "tables").exists() or not list((tmp_path / "tables").rglob("*.*"))
@@ -337,7 +338,8 @@ def test_config_key_is_stable_and_canonical() -> None:
     (lambda d: write_level(d, "t", level(mode="burst"), [], params=PARAMS, repeat=0),
      "mode must be 'closed' or 'rate'"),
 ])
-def test_bad_input_names_the_value(tmp_path: Path, call, message: str) -> None:  # noqa: ANN001
+def test_bad_input_names_the_value(tmp_path: Path, call: Callable[[Path], object],
+                                   message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call(tmp_path)
     assert not (tmp_path / "tables").exists()

@@ -28,10 +28,13 @@ def make_request(**kw: object) -> SimRequest:
 
 def test_generate_defaults_follow_sglang() -> None:
     p = parse_generate({"text": "one two  three\nfour"}, default_max_new_tokens=128)
-    assert (p.input_len, p.max_new_tokens, p.temperature, p.ignore_eos, p.stream) == (4, 128, 1.0, False, False)
+    assert (p.input_len, p.max_new_tokens, p.temperature, p.ignore_eos, p.stream) == \
+        (4, 128, 1.0, False, False)
     q = parse_generate({"input_ids": [1, 2, 3], "stream": True,
-                        "sampling_params": {"max_new_tokens": 9, "temperature": 0, "ignore_eos": True}}, 128)
-    assert (q.input_len, q.max_new_tokens, q.temperature, q.ignore_eos, q.stream) == (3, 9, 0.0, True, True)
+                        "sampling_params": {"max_new_tokens": 9, "temperature": 0,
+                                            "ignore_eos": True}}, 128)
+    assert (q.input_len, q.max_new_tokens, q.temperature, q.ignore_eos, q.stream) == \
+        (3, 9, 0.0, True, True)
 
 
 @pytest.mark.parametrize(
@@ -46,9 +49,11 @@ def test_generate_rejects_bad_bodies(body: object) -> None:
 
 
 def test_openai_parsing() -> None:
-    p = parse_openai({"prompt": "a b", "stream": True, "stream_options": {"include_usage": True}}, chat=False)
+    p = parse_openai({"prompt": "a b", "stream": True, "stream_options": {"include_usage": True}},
+                     chat=False)
     assert (p.input_len, p.max_new_tokens, p.include_usage) == (2, 16, True)
-    c = parse_openai({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+    c = parse_openai({"messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": "hi"}],
                       "max_completion_tokens": 7}, chat=True)
     assert (c.input_len, c.max_new_tokens) == (3, 7)
     with pytest.raises(BadRequest):
@@ -64,7 +69,8 @@ def test_sglang_final_chunk_is_consistent() -> None:
     fmt = SglangFormat(req, spec_draft_nodes=1)
     first = fmt.chunks([5, 6], done=False)[0]
     last = fmt.chunks([7, 8], done=True)[0]
-    assert first["meta_info"]["finish_reason"] is None and "spec_accept_length" not in first["meta_info"]
+    assert first["meta_info"]["finish_reason"] is None and \
+        "spec_accept_length" not in first["meta_info"]
     meta = last["meta_info"]
     assert len(last["text"].split()) == 4 and last["output_ids"] == [7, 8]
     assert meta["spec_accept_length"] == 2.0 and meta["spec_num_proposed_drafts"] == 2
@@ -76,7 +82,8 @@ def test_sglang_final_chunk_is_consistent() -> None:
 
 def test_openai_usage_goes_where_the_client_asked() -> None:
     req = make_request(generated=4)
-    with_usage = parse_openai({"prompt": "a b c", "stream": True, "stream_options": {"include_usage": True}}, chat=False)
+    with_usage = parse_openai({"prompt": "a b c", "stream": True,
+                               "stream_options": {"include_usage": True}}, chat=False)
     chunks = OpenAIFormat(req, with_usage, "m", chat=False).chunks([1], done=True)
     assert chunks[0]["choices"][0]["finish_reason"] == "length" and chunks[0]["usage"] is None
     assert chunks[1]["choices"] == [] and chunks[1]["usage"]["total_tokens"] == 7

@@ -28,7 +28,8 @@ WORKLOAD = Workload.calibration(PROFILE)
 
 
 def spec(steps: int, topk: int = 1, draft: int | None = None, **extra: object) -> dict[str, object]:
-    return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+    return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps,
+            "speculative_eagle_topk": topk,
             "speculative_num_draft_tokens": steps + 1 if draft is None else draft, **extra}
 
 
@@ -76,7 +77,8 @@ def test_max_total_num_tokens_rows(_: None, steps: int, value: float) -> None:
     assert startup(PROFILE, spec(steps)).max_total_num_tokens == pytest.approx(value, rel=0.10)
 
 
-@pytest.mark.parametrize(("_", "steps", "value"), [r for r in seed_rows("max_running_requests") if r[1] <= 3])
+@pytest.mark.parametrize(("_", "steps", "value"),
+                         [r for r in seed_rows("max_running_requests") if r[1] <= 3])
 def test_measured_running_limits(_: None, steps: int, value: float) -> None:
     assert abs(startup(PROFILE, spec(steps)).max_running_requests - value) <= 2
 
@@ -105,7 +107,8 @@ def test_steps_10_with_more_memory_boots_but_does_not_climb_past_the_plateau() -
 
 
 def test_partial_speculative_numbers_are_invalid() -> None:
-    for params in ({"speculative_num_steps": 3}, {"speculative_num_steps": 3, "speculative_eagle_topk": 1},
+    for params in ({"speculative_num_steps": 3},
+                   {"speculative_num_steps": 3, "speculative_eagle_topk": 1},
                    {"speculative_num_draft_tokens": 4}):
         with pytest.raises(StartupError) as e:
             startup(PROFILE, {"speculative_algorithm": "EAGLE3", **params})
@@ -146,14 +149,16 @@ def test_bad_values_are_invalid_args(params: dict[str, object]) -> None:
 
 
 def test_plain_decoding_without_algorithm_or_with_zero_steps() -> None:
-    for params in ({}, {"speculative_algorithm": None}, spec(0, 1, 1), {"speculative_num_steps": 3}):
+    for params in ({}, {"speculative_algorithm": None}, spec(0, 1, 1),
+                   {"speculative_num_steps": 3}):
         f = startup(PROFILE, params)
         assert not f.speculative and f.draft_tokens == 1 and f.accept_greedy == ()
         assert f.params["speculative_algorithm"] is None
     base = predict(PROFILE, {}, 1, WORKLOAD)
     assert base.accept_length == 1.0 and base.output_tok_s < tok_s(1, 1)
     # no draft weights, no draft KV, one token per request: more KV and a higher limit
-    assert startup(PROFILE, {}).max_total_num_tokens > startup(PROFILE, spec(1)).max_total_num_tokens
+    assert startup(PROFILE, {}).max_total_num_tokens > \
+        startup(PROFILE, spec(1)).max_total_num_tokens
 
 
 def test_not_enough_memory_for_weights_or_kv() -> None:
@@ -199,7 +204,8 @@ def test_tree_acceptance_grows_with_draft_tokens_and_stays_bounded() -> None:
     for steps, topk in ((3, 2), (5, 4), (6, 8)):
         means = []
         for draft in range(2, steps * topk + 2):
-            q, widths = tree_acceptance(PROFILE.acceptance.greedy, PROFILE.acceptance.sibling_hit, steps, topk, draft - 1)
+            q, widths = tree_acceptance(PROFILE.acceptance.greedy, PROFILE.acceptance.sibling_hit,
+                                        steps, topk, draft - 1)
             assert sum(widths) == draft - 1 and max(widths) <= topk and len(widths) <= steps
             assert all(0 <= x <= 1 for x in q)
             assert all(x >= PROFILE.acceptance.greedy[i] - 1e-12 for i, x in enumerate(q))
@@ -237,7 +243,8 @@ def test_step_time_grows_with_batch_and_jumps_above_the_graph_batch() -> None:
 
 def test_verify_tile_makes_a_shelf_at_batch_one() -> None:
     tile = PROFILE.cost.verify_token_tile
-    per_token = [step_time(PROFILE, startup(PROFILE, spec(s, cuda_graph_max_bs=8)), 1) for s in range(1, tile + 1)]
+    per_token = [step_time(PROFILE, startup(PROFILE, spec(s, cuda_graph_max_bs=8)), 1)
+                 for s in range(1, tile + 1)]
     jumps = [b - a for a, b in itertools.pairwise(per_token)]
     # going from `tile` to `tile + 1` verified tokens adds a whole tile of per-token cost
     assert jumps[tile - 2] > jumps[tile - 3] + PROFILE.cost.verify_per_token_s * tile * 0.9
@@ -251,7 +258,8 @@ def test_larger_tp_is_faster_per_step() -> None:
 
 def test_predict_is_fast() -> None:
     configs = [spec(s, k, min(s * k + 1, d), mem_fraction_static=f)
-               for s, k, d, f in itertools.product(range(1, 8), (1, 2, 4, 8), (2, 4, 8, 16), (0.8, 0.85, 0.9))]
+               for s, k, d, f in itertools.product(range(1, 8), (1, 2, 4, 8), (2, 4, 8, 16),
+                                                   (0.8, 0.85, 0.9))]
     predict(PROFILE, configs[0], 1, WORKLOAD)
     t0 = time.perf_counter()
     results = [predict(PROFILE, c, conc, WORKLOAD) for c in configs for conc in (1, 16, 64)]

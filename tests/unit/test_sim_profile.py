@@ -37,7 +37,7 @@ def test_bare_name_and_path_load_the_same_profile() -> None:
 def test_profile_is_frozen_hashable_and_pickles() -> None:
     p = load_profile("seed-qwen35-122b")
     with pytest.raises(AttributeError):
-        p.name = "x"  # type: ignore[misc]
+        p.name = "x"  # type: ignore[misc]  # frozen: the assignment must fail
     assert pickle.loads(pickle.dumps(p)) == p
     assert hash(p) == hash(pickle.loads(pickle.dumps(p)))
 
@@ -70,13 +70,20 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d["memory"].__setitem__("kv_bytes_per_token", -1), "[memory] kv_bytes_per_token = -1: must be > 0"),
-        (lambda d: d["defaults"].__setitem__("mem_fraction_static", 1.0), "[defaults] mem_fraction_static = 1.0: must be > 0 and < 1"),
-        (lambda d: d["acceptance"].__setitem__("greedy", [0.9, 1.2]), "[acceptance] greedy[1] = 1.2: must be >= 0 and <= 1"),
-        (lambda d: d["acceptance"].__setitem__("sampled", []), "[acceptance] sampled = []: must be a non-empty list"),
-        (lambda d: d["cost"].__setitem__("verify_token_tile", 2.5), "[cost] verify_token_tile = 2.5: must be an integer"),
-        (lambda d: d["cost"].__setitem__("eager_factor", True), "[cost] eager_factor = True: must be a number"),
-        (lambda d: d["cost"].__setitem__("decode_fixed_s", "fast"), "[cost] decode_fixed_s = 'fast': must be a number"),
+        (lambda d: d["memory"].__setitem__("kv_bytes_per_token", -1),
+         "[memory] kv_bytes_per_token = -1: must be > 0"),
+        (lambda d: d["defaults"].__setitem__("mem_fraction_static", 1.0),
+         "[defaults] mem_fraction_static = 1.0: must be > 0 and < 1"),
+        (lambda d: d["acceptance"].__setitem__("greedy", [0.9, 1.2]),
+         "[acceptance] greedy[1] = 1.2: must be >= 0 and <= 1"),
+        (lambda d: d["acceptance"].__setitem__("sampled", []),
+         "[acceptance] sampled = []: must be a non-empty list"),
+        (lambda d: d["cost"].__setitem__("verify_token_tile", 2.5),
+         "[cost] verify_token_tile = 2.5: must be an integer"),
+        (lambda d: d["cost"].__setitem__("eager_factor", True),
+         "[cost] eager_factor = True: must be a number"),
+        (lambda d: d["cost"].__setitem__("decode_fixed_s", "fast"),
+         "[cost] decode_fixed_s = 'fast': must be a number"),
         (lambda d: d["cost"].__setitem__("verify_tile", 8), "unknown key [cost] 'verify_tile'"),
         (lambda d: d["noise"].pop("boot_sigma"), "missing key [noise] boot_sigma"),
         (lambda d: d.pop("boot"), "[boot] = None: must be a table"),

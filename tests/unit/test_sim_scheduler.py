@@ -151,7 +151,8 @@ def test_one_request_takes_prefill_plus_its_steps_in_real_time() -> None:
     facts = startup(QUIET, SPEC4)
     out = 121
     mean, second = accept_moments(facts.accept_greedy)
-    expected = prefill_time(QUIET, facts, 50) + expected_steps(out - 1, mean, second) * step_time(QUIET, facts, 1)
+    expected = prefill_time(QUIET, facts, 50) + \
+        expected_steps(out - 1, mean, second) * step_time(QUIET, facts, 1)
 
     async def body(sched: Scheduler):
         t0 = time.perf_counter()

@@ -5,8 +5,15 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from specdecode_tune.space import (DRAFT, STEPS, TOPK, DefineByRun, ParamSpec, invalid_reason,
-                                   resolve)
+from specdecode_tune.space import (
+    DRAFT,
+    STEPS,
+    TOPK,
+    DefineByRun,
+    ParamSpec,
+    invalid_reason,
+    resolve,
+)
 
 
 def test_topk_one_derives_draft_tokens() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdecode_tune.testmodels import (
+from specdecode_tune.testing.models import (
     CycleModelSpec,
     cycle_weights,
     hf_state_names,
@@ -24,7 +24,7 @@ def small_spec(**kw: object) -> CycleModelSpec:
         "vocab_size": 300, "cycle_tokens": tuple(range(50, 66)), "dim": 64, "layers": 2,
         "heads": 4, "kv_heads": 2, "ffn": 96, "noise": 0.0, "seed": 3}
     base.update(kw)
-    return CycleModelSpec(**base)  # type: ignore[arg-type]
+    return CycleModelSpec(**base)  # type: ignore[arg-type]  # a dict of mixed field values
 
 
 def test_shapes_follow_the_llama_layout() -> None:
@@ -139,7 +139,7 @@ def test_gguf_cli_without_vocabulary_is_a_one_line_error(tmp_path: Path,
 def test_hf_model_loads_in_transformers_and_cycles(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from specdecode_tune.testmodels import write_hf
+    from specdecode_tune.testing.models import write_hf
 
     spec = write_hf(tmp_path / "hf", cycle=8, dim=32, layers=1, heads=2, dtype="float32")
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")

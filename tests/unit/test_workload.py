@@ -191,7 +191,8 @@ def test_a_utf8_byte_order_mark_on_the_first_line_is_allowed(tmp_path: Path) -> 
     [
         ("[" * 100_000 + "]" * 100_000, ":1: JSON nested too deeply to read"),
         ('{"prompt": ' + "7" * 5000 + "}", ":1: not valid JSON (Exceeds the limit"),
-        ('{"messages": [{"role": "user", "content": ""}]}', ":1: messages whose turns are all empty"),
+        ('{"messages": [{"role": "user", "content": ""}]}',
+         ":1: messages whose turns are all empty"),
     ],
     ids=["deep", "huge-int", "empty-turns"],
 )
@@ -218,7 +219,7 @@ def test_an_unreadable_file_is_a_config_error(tmp_path: Path,
     def deny(file: object, *args: object, **kwargs: object) -> object:
         if str(file) == str(path):
             raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]  # open's own args
 
     monkeypatch.setattr(builtins, "open", deny)
     with pytest.raises(ConfigError, match=r"p\.jsonl: cannot read \(Permission denied\)"):
@@ -243,7 +244,7 @@ def test_the_file_is_parsed_once_per_process(tmp_path: Path,
 
     def counting(file: object, *args: object, **kwargs: object) -> object:
         opened.append(str(file))
-        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]  # open's own args
 
     monkeypatch.setattr(builtins, "open", counting)
     for stream in range(3):

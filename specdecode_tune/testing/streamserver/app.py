@@ -25,25 +25,19 @@ at once (a request is in flight from arrival until its ``[DONE]`` is written), c
 disconnected, arrival times, and the tokens written in ``[t0, t1]`` by `time.perf_counter()`,
 which is the same monotonic clock as the client's on one machine.
 
-Run: ``python tests/streamserver.py --port P [--tokens-per-chunk N --chunk-delay S ...]``.
+Run: ``python -m specdecode_tune.testing.streamserver --port P [--tokens-per-chunk N ...]``;
+`start_subprocess` (in `control`) does, for tests and benchmarks.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import bisect
 import dataclasses
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -314,113 +308,3 @@ async def _misbehave(
         while request.transport is not None and not request.transport.is_closing():
             await asyncio.sleep(0.05)
         raise ConnectionResetError("client went away while stalled")
-
-
-# ---------------------------------------------------------------------------------------------
-# Running it as a subprocess (tests and the benchmark share this)
-# ---------------------------------------------------------------------------------------------
-
-SCRIPT = Path(__file__).resolve()
-
-
-def start_subprocess(
-    port: int, *args: str, cpu: int | None = None, timeout_s: float = 15.0
-) -> subprocess.Popen[bytes]:
-    """Start this server on 127.0.0.1:`port` in a new session and wait until /health answers.
-
-    `cpu` pins the server to one core, so a benchmark's client and server never share one.
-    """
-    def pin() -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--port", str(port), *args],
-        start_new_session=True,
-        preexec_fn=pin if cpu is not None else None,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"stream server exited with {proc.returncode}: {err[-500:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.05)
-    stop_subprocess(proc)
-    raise RuntimeError(f"stream server on port {port} not ready after {timeout_s}s")
-
-
-def stop_subprocess(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; by PID, and reaped."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
-    if proc.stderr is not None:
-        proc.stderr.close()
-
-
-def _post_json(port: int, path: str, obj: dict) -> dict:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=json.dumps(obj).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def reset(port: int, **config: object) -> dict:
-    """Reconfigure a running server (fields of `StreamConfig`) and clear its statistics."""
-    return _post_json(port, "/reset", config)
-
-
-def stats(port: int, t0: float | None = None, t1: float | None = None) -> dict:
-    q = f"?t0={t0!r}&t1={t1!r}" if t0 is not None and t1 is not None else ""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats{q}", timeout=5) as r:
-        return json.loads(r.read())
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--tokens-per-chunk", type=int, default=1)
-    ap.add_argument("--chunk-delay", type=float, default=0.0)
-    ap.add_argument("--first-delay", type=float, default=None)
-    ap.add_argument("--burst", type=int, default=1)
-    ap.add_argument("--no-continuous-usage", action="store_true")
-    ap.add_argument("--no-spec", action="store_true")
-    ap.add_argument("--fail-every", type=int, default=0)
-    ap.add_argument("--fail-mode", choices=FAIL_MODES, default="none")
-    ap.add_argument("--fail-after-chunks", type=int, default=2)
-    a = ap.parse_args(argv)
-    cfg = StreamConfig(
-        tokens_per_chunk=a.tokens_per_chunk,
-        chunk_delay=a.chunk_delay,
-        first_delay=a.first_delay,
-        burst=a.burst,
-        continuous_usage=not a.no_continuous_usage,
-        spec=not a.no_spec,
-        fail_every=a.fail_every,
-        fail_mode=a.fail_mode,
-        fail_after_chunks=a.fail_after_chunks,
-    )
-    web.run_app(
-        make_app(cfg), host="127.0.0.1", port=a.port, print=None, access_log=None,
-        shutdown_timeout=0.5, backlog=1024,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
