@@ -54,29 +54,43 @@ class ParamSpec:
             return True
         return all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.choices)
 
+    @property
+    def lo(self) -> float:
+        """`low` of a range (int or float); config validation guarantees it is set."""
+        if self.low is None:
+            raise ValueError(f"{self.name}: a {self.type} range without low")
+        return self.low
+
+    @property
+    def hi(self) -> float:
+        """`high` of a range (int or float); config validation guarantees it is set."""
+        if self.high is None:
+            raise ValueError(f"{self.name}: a {self.type} range without high")
+        return self.high
+
     def values(self) -> list[Any]:
         """Every value of a discrete parameter (int, stepped float or categorical)."""
         if self.type == "categorical":
             return list(self.choices)
         if self.type == "int":
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+            return list(range(int(self.lo), int(self.hi) + 1, int(self.step or 1)))
         if self.step:
-            n = int(round((self.high - self.low) / self.step))
-            return [round(self.low + i * self.step, 10) for i in range(n + 1)]
+            n = int(round((self.hi - self.lo) / self.step))
+            return [round(self.lo + i * self.step, 10) for i in range(n + 1)]
         raise ValueError(f"{self.name}: a continuous float range has no finite set of values")
 
     def grid(self, n: int = 5) -> list[Any]:
         """Values for a grid: all discrete values, or n evenly spaced points of a float range."""
         if self.type != "float" or self.step:
             return self.values()
-        return [self.low + (self.high - self.low) * i / (n - 1) for i in range(n)]
+        return [self.lo + (self.hi - self.lo) * i / (n - 1) for i in range(n)]
 
     def contains(self, value: Any) -> bool:
         if self.type == "categorical":
             return value in self.choices
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
-        return self.low - 1e-9 <= value <= self.high + 1e-9
+        return self.lo - 1e-9 <= value <= self.hi + 1e-9
 
 
 def is_baseline(params: Mapping[str, Any]) -> bool:
@@ -127,16 +141,16 @@ def invalid_reason(params: Mapping[str, Any]) -> str | None:
 
 
 def _axis(space: Sequence[ParamSpec], fixed: Mapping[str, Any], name: str,
-          default: int) -> list[int] | None:
-    """Values an axis of the triple can take: its searched values (bounded by config's limits:
-    at most 65 steps, 64 topk), or its fixed value, or the default; None for a free draft
-    axis, which is checked as a range instead of enumerated."""
+          default: int) -> list[int]:
+    """Values steps or topk can take: its searched values (bounded by config's limits: at
+    most 65 steps, 64 topk), or its fixed value, or the default. (Draft tokens are checked as a
+    range instead of enumerated.)"""
     spec = next((s for s in space if s.name == name), None)
     if spec is None:
         return [int(fixed.get(name, default))]
     if spec.type == "categorical":
         return [int(v) for v in spec.choices]
-    return list(range(int(spec.low), int(spec.high) + 1))
+    return list(range(int(spec.lo), int(spec.hi) + 1))
 
 
 def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> dict | None:
@@ -145,7 +159,7 @@ def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> d
     Only the speculative triple can make a point invalid. Steps and topk are enumerated (their
     ranges are small); draft tokens are checked as an interval against each pair, so a wide
     range is never listed value by value; other parameters take their lowest value."""
-    others = {s.name: (s.choices[0] if s.type == "categorical" else s.low) for s in space
+    others = {s.name: (s.choices[0] if s.type == "categorical" else s.lo) for s in space
               if s.name not in (STEPS, TOPK, DRAFT)}
     draft = next((s for s in space if s.name == DRAFT), None)
     for steps in _axis(space, fixed, STEPS, 3):
@@ -163,12 +177,12 @@ def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> d
                         continue
                     point[DRAFT] = fits[0]
                 else:
-                    lo = max(int(draft.low), 2)
-                    if lo > min(int(draft.high), top):
+                    lo = max(int(draft.lo), 2)
+                    if lo > min(int(draft.hi), top):
                         continue
                     point[DRAFT] = lo
             elif draft is not None:
-                point[DRAFT] = draft.choices[0] if draft.type == "categorical" else int(draft.low)
+                point[DRAFT] = draft.choices[0] if draft.type == "categorical" else int(draft.lo)
             if invalid_reason(resolve(point, fixed)) is None:
                 return point
     return None
@@ -202,9 +216,9 @@ class DefineByRun:
         if topk == 1:
             return {DRAFT: steps + 1}
         if draft_spec is not None:
-            if draft_spec.type == "int" and draft_spec.low <= steps * topk + 1:
-                trial.suggest_int(DRAFT, int(draft_spec.low),
-                                  min(int(draft_spec.high), steps * topk + 1))
+            if draft_spec.type == "int" and draft_spec.lo <= steps * topk + 1:
+                trial.suggest_int(DRAFT, int(draft_spec.lo),
+                                  min(int(draft_spec.hi), steps * topk + 1))
             else:
                 _suggest(trial, draft_spec)
         return None
@@ -214,7 +228,7 @@ def _suggest(trial: Any, spec: ParamSpec) -> Any:
     if spec.type == "categorical":
         return trial.suggest_categorical(spec.name, list(spec.choices))
     if spec.type == "int":
-        return trial.suggest_int(spec.name, int(spec.low), int(spec.high),
+        return trial.suggest_int(spec.name, int(spec.lo), int(spec.hi),
                                  step=int(spec.step or 1), log=spec.log)
-    return trial.suggest_float(spec.name, float(spec.low), float(spec.high),
+    return trial.suggest_float(spec.name, float(spec.lo), float(spec.hi),
                                step=spec.step, log=spec.log)
