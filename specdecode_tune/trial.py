@@ -154,7 +154,7 @@ def run_trial(
     facts = ServerFacts()
     try:
         with ServerProcess(argv, env=env, host=exp.backend.host,
-                           health_path=backend.health_path,
+                           health_path=backend.health_path, backend=backend,
                            log_path=ctx.local_dir / f"{ctx.trial_id}.log",
                            boot_timeout_s=exp.backend.boot_timeout_s,
                            pidfile=ctx.local_dir / "pids" / f"{ctx.trial_id}.json") as srv:

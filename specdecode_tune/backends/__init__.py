@@ -1,8 +1,10 @@
 """Backends: how to boot one kind of server with one parameter set, and how to read it.
 
 A backend turns resolved parameters into an argv list (never a shell string), names its health
-path, reads the server's facts after boot, and says how a person would launch the same server.
-`BACKENDS` maps the experiment's `backend.kind` to an implementation.
+path, reads the server's facts after boot, says how a person would launch the same server, and
+names the lines of its log that say why a start failed (`failure_patterns`, which the server's
+classifier applies). `BACKENDS` maps the experiment's `backend.kind` to an implementation;
+`ANY_ENGINE_FAILURES` is every engine's failure lines together, for a log of unknown origin.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 from ..config import BackendConfig
 from ..records import ServerFacts
 from . import files
+from .failurepatterns import FailurePatterns, union
 from .files import LocalFile
 from .llamacpp import LlamaCppBackend
 from .sglang import SGLangBackend, SimBackend
@@ -29,6 +32,9 @@ class Backend(Protocol):
     # The /metrics gauges whose sum is the requests the server is running or queueing: a level
     # ends by waiting for them to reach 0 (see `speccounters.in_flight`).
     busy_gauges: ClassVar[tuple[str, ...]]
+    # This engine's own log lines for a failed start (out of memory, KV pool too small, an
+    # argument check); see `failurepatterns`.
+    failure_patterns: ClassVar[FailurePatterns]
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
         """The server's command line for these resolved parameters on this port."""
@@ -71,6 +77,8 @@ BACKENDS: dict[str, Backend] = {
     "vllm": VLLMBackend(),
     "llamacpp": LlamaCppBackend(),
 }
+
+ANY_ENGINE_FAILURES: FailurePatterns = union(b.failure_patterns for b in BACKENDS.values())
 
 
 def preflight(cfg: BackendConfig, *, local: bool = True) -> None:

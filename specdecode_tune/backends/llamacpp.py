@@ -52,6 +52,7 @@ from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import speccounters
+from .failurepatterns import FailurePatterns
 from .files import LocalFile
 from .sglang import flag_args, get_json
 
@@ -112,6 +113,9 @@ class LlamaCppBackend:
     request_headers: ClassVar[Mapping[str, str]] = {"Connection": "close"}
     busy_gauges: ClassVar[tuple[str, ...]] = ("llamacpp:requests_processing",
                                               "llamacpp:requests_deferred")
+    # No lines of its own yet: llama-server's failures are classified by what every server
+    # prints (exit codes, the CUDA runtime's "CUDA error: out of memory").
+    failure_patterns: ClassVar[FailurePatterns] = FailurePatterns()
 
     def program(self, cfg: BackendConfig) -> str:
         if cfg.binary:

@@ -18,7 +18,18 @@ from typing import Any, ClassVar
 from ..config import BackendConfig
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
+from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
+
+# SGLang's start-up failures: the memory pool check (the KV pool left after the weights cannot
+# hold one request), and server_args.py's argument checks, which assert or raise ValueError.
+# Its out-of-memory lines are PyTorch's (the classifier knows those for every engine); its
+# hints say "out-of-memory" and "This is not an out-of-memory error", which must not count.
+FAILURE_PATTERNS = FailurePatterns(
+    kv_memory=(r"Not enough memory\. Please try to increase --mem-fraction-static",),
+    arg_exceptions=("AssertionError",),
+    arg_check_files=(r"server_args\.py",),
+)
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
@@ -56,6 +67,7 @@ class SGLangBackend:
     health_path = "/health"
     request_headers: ClassVar[Mapping[str, str]] = {}
     busy_gauges: ClassVar[tuple[str, ...]] = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+    failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     module = "sglang.launch_server"
 
     def program(self, cfg: BackendConfig) -> str:

@@ -49,6 +49,7 @@ from ..enginecache import cache_dir, expand_path
 from ..records import ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import speccounters
+from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
 
@@ -57,6 +58,21 @@ MODULE = "vllm.entrypoints.openai.api_server"
 SPEC_CONFIG_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size",
                     "rejection_sample_method", "synthetic_acceptance_length")
 METHOD_ALIASES = {"nextn": "mtp", "standalone": "draft_model", "draft": "draft_model"}
+# vLLM's start-up failures: its check of free GPU memory against --gpu-memory-utilization, the
+# cache-block and max-model-len checks of the KV cache (old and new spellings), and argument
+# checks in arg_utils.py / cli_args.py / vllm/config/ (config.py before it became a package),
+# pydantic's ValidationError among them.
+FAILURE_PATTERNS = FailurePatterns(
+    oom=(r"Free memory on device .* is less than desired GPU memory utilization",),
+    kv_memory=(r"No available memory for the cache blocks",
+               r"KV cache is needed, which is larger than the available KV cache memory",
+               r"larger than the maximum number of tokens that can be stored in KV cache",
+               r"Insufficient memory for KV cache", r"InsufficientKVCacheMemoryError",
+               r"insufficient KV cache"),
+    arg_exceptions=("ValidationError",),
+    arg_check_files=(r"arg_utils\.py", r"cli_args\.py", r'/config/[^"]*\.py', r"config\.py"),
+)
+
 _SKIP = (STEPS, TOPK, DRAFT, MEM, "max_running_requests") + SPEC_CONFIG_KEYS
 
 
@@ -85,6 +101,7 @@ class VLLMBackend:
     request_headers: ClassVar[Mapping[str, str]] = {}
     busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running",
                                               "vllm:num_requests_waiting")
+    failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
 
     def program(self, cfg: BackendConfig) -> str:
         return expand_path(cfg.binary) if cfg.binary else sys.executable

@@ -6,11 +6,14 @@ checks (pure: nothing is started)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdecode_tune.backends import BACKENDS
+from specdecode_tune.backends.failurepatterns import FailurePatterns
 from specdecode_tune.errors import START_FAILURE_KINDS
 from specdecode_tune.server import ServerProcess, classify_failure, kill_process_group
 
@@ -192,6 +195,30 @@ def test_long_line_is_trimmed() -> None:
     assert kind == "crashed" and len(reason) == 300 and reason.endswith("...")
 
 
+ENGINE_CASES = [c for c in CASES if c[0].startswith(("sglang-", "vllm-"))]
+
+
+@pytest.mark.parametrize(("name", "returncode", "tail", "kind"), [c[:4] for c in ENGINE_CASES],
+                         ids=[c[0] for c in ENGINE_CASES])
+def test_each_engine_knows_its_own_lines(name: str, returncode: int | None, tail: str,
+                                         kind: str) -> None:
+    engines = ("sglang", "sim") if name.startswith("sglang-") else ("vllm",)
+    for engine in engines:
+        assert classify_failure(returncode, tail, BACKENDS[engine])[0] == kind, engine
+
+
+def test_another_engines_lines_do_not_count() -> None:
+    sglang, vllm, llamacpp = BACKENDS["sglang"], BACKENDS["vllm"], BACKENDS["llamacpp"]
+    assert classify_failure(1, VLLM_KV_V0, sglang)[0] == "crashed"
+    assert classify_failure(1, VLLM_PYDANTIC, sglang)[0] == "crashed"
+    assert classify_failure(1, SGLANG_KV, vllm)[0] == "crashed"
+    assert classify_failure(1, SGLANG_ASSERT, vllm)[0] == "crashed"
+    # What every server prints counts whatever the engine.
+    assert classify_failure(1, SGLANG_OOM, llamacpp)[0] == "oom"
+    assert classify_failure(2, ARGPARSE_UNKNOWN, llamacpp)[0] == "invalid_args"
+    assert classify_failure(127, "", llamacpp)[0] == "missing_binary"
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(st.none(), st.integers(-64, 255)), st.text(max_size=2000))
 def test_classify_any_input_gives_a_kind_and_one_line(returncode: int | None, tail: str) -> None:
@@ -222,3 +249,12 @@ def test_kill_process_group_refuses_our_own_group_and_init() -> None:
         kill_process_group(os.getpgrp())
     with pytest.raises(ValueError, match="pgid=1"):
         kill_process_group(1)
+
+
+@pytest.mark.parametrize("kind", sorted(BACKENDS))
+def test_every_backend_declares_failure_patterns_that_compile(kind: str) -> None:
+    fp = BACKENDS[kind].failure_patterns
+    assert isinstance(fp, FailurePatterns)
+    for pattern in fp.oom + fp.kv_memory + fp.arg_check_files:
+        re.compile(pattern)
+    assert all(name.isidentifier() for name in fp.arg_exceptions)
