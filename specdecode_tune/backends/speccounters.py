@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-from .. import promtext
+from . import prometheus
 
 DRAFTS = "spec_decode_num_drafts_total"
 DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
@@ -46,7 +46,7 @@ def get_text(url: str, timeout_s: float) -> str:
         return resp.read().decode("utf-8", errors="replace")
 
 
-def snapshot(samples: list[promtext.Sample], prefix: str) -> dict[str, float]:
+def snapshot(samples: list[prometheus.Sample], prefix: str) -> dict[str, float]:
     """The samples named `prefix...`, summed over their labels except `position`, keyed
     `name` or `name{position="i"}`. Histogram buckets are left out (not needed, and many)."""
     out: dict[str, float] = {}
@@ -59,10 +59,10 @@ def snapshot(samples: list[promtext.Sample], prefix: str) -> dict[str, float]:
     return out
 
 
-def read_samples(base_url: str, timeout_s: float = 5.0) -> list[promtext.Sample] | None:
+def read_samples(base_url: str, timeout_s: float = 5.0) -> list[prometheus.Sample] | None:
     """The samples of `base_url/metrics`, or None when it cannot be read or parsed."""
     try:
-        return promtext.parse(get_text(base_url + "/metrics", timeout_s))
+        return prometheus.parse(get_text(base_url + "/metrics", timeout_s))
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
         return None
 

@@ -43,12 +43,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import promtext
 from ..config import BackendConfig
 from ..enginecache import cache_dir, expand_path
 from ..records import ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
-from . import speccounters
+from . import prometheus, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
@@ -154,7 +153,7 @@ class VLLMBackend:
         extra: dict[str, Any] = {}
         kv_tokens = None
         try:
-            samples = promtext.parse(speccounters.get_text(base_url + "/metrics", timeout_s))
+            samples = prometheus.parse(speccounters.get_text(base_url + "/metrics", timeout_s))
         except (urllib.error.URLError, OSError, ValueError):
             samples = []
         info = next((s for s in samples if s.name == "vllm:cache_config_info"), None)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdecode_tune import promtext
+from specdecode_tune.backends import prometheus as promtext
 
 VLLM = '''\
 # HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import pick_free_port
 
-from specdecode_tune import promtext
 from specdecode_tune.backends import get_backend
+from specdecode_tune.backends import prometheus as promtext
 from specdecode_tune.backends.speccounters import in_flight, snapshot, window
 from specdecode_tune.trial import drain
 
