@@ -5,8 +5,8 @@ Two kinds:
 - ``random``: prompts of seeded random common words, one word per token for a server that
   counts whitespace words (a real tokenizer sees about one token per common word too). Input
   and output lengths are fixed or drawn uniformly from an inclusive ``(low, high)`` range.
-- ``jsonl``: one prompt per line of a file, in any of three shapes (see `promptfile`, which
-  reads and validates the file when the experiment loads): OpenAI ``messages``, ShareGPT
+- ``jsonl``: one prompt per line of a file, in any of three shapes (see `config.promptfile`,
+  which reads and validates the file when the experiment loads): OpenAI ``messages``, ShareGPT
   ``conversations`` or ``{"prompt": "..."}``. Output lengths come from the spec, so trials stay
   comparable.
 
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specdecode_tune.config import Length, WorkloadSpec
-from specdecode_tune.promptfile import load_rows
+from specdecode_tune.config.promptfile import load_rows
 
 # Common short English words: most tokenizers encode " word" as a single token, so a prompt of
 # N words is close to N tokens on a real server and exactly N on one that counts words.

@@ -12,6 +12,7 @@ experiment has loaded cleanly.
     backend.py     [backend]            BackendConfig
     parameters.py  [space]              the searched ParamSpecs and their bounds
     workload.py    [workload]           WorkloadSpec (validates itself, also when built in code)
+    promptfile.py  workload.path        a JSONL prompt file read and checked line by line
     measure.py     [measure] [objective] MeasureConfig, ObjectiveConfig
     trials.py      [search] [cluster]   SearchConfig, ClusterConfig
     experiment.py  Experiment, load_experiment, experiment_from_dict

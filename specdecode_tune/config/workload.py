@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ConfigError
-from ..promptfile import load_rows
+from .promptfile import load_rows
 from .reader import Table
 
 WORKLOAD_KINDS = ("random", "jsonl")

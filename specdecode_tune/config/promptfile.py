@@ -13,8 +13,9 @@ first that many prompts are read, by the check and by the trials alike, so a lar
 one bounded pass; the parsed rows are cached per (path, version, limit), so the workload of
 the process that loaded the experiment does not read the file again.
 
-This module sits below `config` (which validates the file when an experiment loads) and is
-used by `workload` (which sends the prompts).
+`config.workload` validates the file when an experiment loads; the load generator's workload
+(`load.workload`) reads its rows to send them. It lives in `config` because the check runs
+there, and `config` imports nothing downstream of it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import stat
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _SHAREGPT_ROLES = {
     "human": "user",
@@ -160,6 +161,7 @@ def _content_text(content: Any) -> str | None:
         return content
     if isinstance(content, list):
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if parts and all(isinstance(p, str) for p in parts):
-            return "\n".join(parts)
+        texts = [p for p in parts if isinstance(p, str)]
+        if parts and len(texts) == len(parts):
+            return "\n".join(texts)
     return None
