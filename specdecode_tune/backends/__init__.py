@@ -3,8 +3,11 @@
 A backend turns resolved parameters into an argv list (never a shell string), names its health
 path, reads the server's facts after boot, says how a person would launch the same server, and
 names the lines of its log that say why a start failed (`failure_patterns`, which the server's
-classifier applies). `BACKENDS` maps the experiment's `backend.kind` to an implementation;
-`ANY_ENGINE_FAILURES` is every engine's failure lines together, for a log of unknown origin.
+classifier applies), and what its streamed requests carry beyond the OpenAI format
+(`stream_format`: its own APIs, its per-request counters, which the load generator applies).
+`BACKENDS` maps the experiment's `backend.kind` to an implementation; `ANY_ENGINE_FAILURES` is
+every engine's failure lines together, for a log of unknown origin, and `ANY_ENGINE_STREAM`
+every engine's stream fields, for a load run not told its engine.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from .failurepatterns import FailurePatterns, union
 from .files import LocalFile
 from .llamacpp import LlamaCppBackend
 from .sglang import SGLangBackend, SimBackend
+from .streamformat import StreamFormat
+from .streamformat import union as union_streams
 from .vllm import VLLMBackend
 
 
@@ -35,6 +40,9 @@ class Backend(Protocol):
     # This engine's own log lines for a failed start (out of memory, KV pool too small, an
     # argument check); see `failurepatterns`.
     failure_patterns: ClassVar[FailurePatterns]
+    # Its own streaming APIs and the fields of its streams the load generator reads (SGLang's
+    # /generate; llama.cpp's per-request draft counters); see `streamformat`.
+    stream_format: ClassVar[StreamFormat]
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
         """The server's command line for these resolved parameters on this port."""
@@ -79,6 +87,7 @@ BACKENDS: dict[str, Backend] = {
 }
 
 ANY_ENGINE_FAILURES: FailurePatterns = union(b.failure_patterns for b in BACKENDS.values())
+ANY_ENGINE_STREAM: StreamFormat = union_streams(b.stream_format for b in BACKENDS.values())
 
 
 def preflight(cfg: BackendConfig, *, local: bool = True) -> None:

@@ -55,6 +55,7 @@ from . import speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile
 from .sglang import flag_args, get_json
+from .streamformat import StreamFormat
 
 METRICS_PREFIX = "llamacpp:"
 LLAMA_DEFAULT_NGRAM_N = 12        # llama.cpp's default lookup length (common.h)
@@ -116,6 +117,9 @@ class LlamaCppBackend:
     # No lines of its own yet: llama-server's failures are classified by what every server
     # prints (exit codes, the CUDA runtime's "CUDA error: out of memory").
     failure_patterns: ClassVar[FailurePatterns] = FailurePatterns()
+    # The final chunk's `timings` (beside `usage`) holds the request's draft counters.
+    stream_format: ClassVar[StreamFormat] = StreamFormat(
+        side_objects=("timings",), accepted=("draft_n_accepted",), drafted=("draft_n",))
 
     def program(self, cfg: BackendConfig) -> str:
         if cfg.binary:

@@ -20,6 +20,7 @@ from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
+from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
 
 # SGLang's start-up failures: the memory pool check (the KV pool left after the weights cannot
 # hold one request), and server_args.py's argument checks, which assert or raise ValueError.
@@ -29,6 +30,44 @@ FAILURE_PATTERNS = FailurePatterns(
     kv_memory=(r"Not enough memory\. Please try to increase --mem-fraction-static",),
     arg_exceptions=("AssertionError",),
     arg_check_files=(r"server_args\.py",),
+)
+
+
+def generate_body(prompt: PromptFields) -> dict[str, Any]:
+    """SGLang's native `/generate` request, streamed."""
+    return {
+        "text": prompt.text,
+        "sampling_params": {
+            "max_new_tokens": prompt.output_len,
+            "temperature": prompt.temperature,
+            "ignore_eos": prompt.ignore_eos,
+        },
+        "stream": True,
+    }
+
+
+def interpret_generate(obj: Any) -> tuple[bool, int | None, dict[str, Any] | None]:
+    """SGLang `/generate`: ``meta_info.completion_tokens`` is cumulative in every chunk."""
+    if type(obj) is not dict:
+        raise TypeError("chunk is not an object")
+    meta = obj.get("meta_info")
+    if meta is None:
+        check_error_event(obj)
+        return bool(obj.get("text")), None, None
+    if type(meta) is not dict:
+        raise TypeError("meta_info is not an object")
+    ct = meta.get("completion_tokens")
+    return True, (ct if type(ct) is int else None), meta
+
+
+# What SGLang streams: its own /generate API beside the OpenAI ones, and per request (in
+# /generate's meta_info) its speculative counters, under names that changed across versions.
+STREAM_FORMAT = StreamFormat(
+    native_apis=(NativeApi("generate", "/generate", generate_body, interpret_generate),),
+    verify_ct=("spec_verify_ct",),
+    accepted=("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num"),
+    drafted=("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num"),
+    histogram=("spec_correct_drafts_histogram", "spec_accept_histogram"),
 )
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
@@ -68,6 +107,7 @@ class SGLangBackend:
     request_headers: ClassVar[Mapping[str, str]] = {}
     busy_gauges: ClassVar[tuple[str, ...]] = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
+    stream_format: ClassVar[StreamFormat] = STREAM_FORMAT
     module = "sglang.launch_server"
 
     def program(self, cfg: BackendConfig) -> str:

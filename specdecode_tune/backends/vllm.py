@@ -51,6 +51,7 @@ from . import prometheus, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
+from .streamformat import StreamFormat
 
 METRICS_PREFIX = "vllm:"
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -101,6 +102,8 @@ class VLLMBackend:
     busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running",
                                               "vllm:num_requests_waiting")
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
+    # The OpenAI format alone: vLLM's acceptance comes from /metrics, not from the stream.
+    stream_format: ClassVar[StreamFormat] = StreamFormat()
 
     def program(self, cfg: BackendConfig) -> str:
         return expand_path(cfg.binary) if cfg.binary else sys.executable
