@@ -29,11 +29,11 @@ import time
 
 import aiohttp
 
-from specdecode_tune.load import LevelPlan, run_level
+from specdecode_tune.config import WorkloadSpec
+from specdecode_tune.load import LevelPlan, iter_prompts, run_level
 from specdecode_tune.records import LevelSummary, RequestRecord
 from specdecode_tune.server import pick_free_port
 from specdecode_tune.testing import streamserver
-from specdecode_tune.workload import WorkloadSpec, iter_prompts
 
 
 async def _level(

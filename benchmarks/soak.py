@@ -30,10 +30,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from specdecode_tune.config import WorkloadSpec
 from specdecode_tune.load import LevelPlan, measure
 from specdecode_tune.server import ServerProcess
 from specdecode_tune.sim.profile import PROFILE_DIR
-from specdecode_tune.workload import WorkloadSpec
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

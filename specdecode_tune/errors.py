@@ -34,11 +34,13 @@ Defined in the simulator (`specdecode_tune.sim`, a separate server program):
     └── sim.server.InjectedCrash an injected crash at start (fault crash-at-start): the
                                  simulator logs it as SGLang logs a crash and exits 1
 
-Internal to one module, never past it:
+Internal to one part, never past it:
 
-    load.SSEError         a stream broke SSE framing (an oversized event); the request's record
+    load.sse.SSEError     a stream broke SSE framing (an oversized event); the request's record
                           gets error "malformed stream (...)"
-    load._StreamError     a stream said something unusable; its message is the record's error
+    backends.streamformat.StreamError  a stream said something unusable (an engine's
+                          interpreter or the load generator's stream loop raises it); its
+                          message is the record's error, its detail the record's error_detail
     trial._ServerGone     the server died or stopped answering mid-level: the trial stops
                           measuring, keeps the finished levels, status "failed"
 

@@ -39,7 +39,7 @@ from . import results, telemetry
 from .backends import get_backend, preflight, speccounters
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
-from .load import LevelPlan, level_failure, measure
+from .load import Api, LevelPlan, level_failure, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
@@ -248,7 +248,9 @@ def run_trial(
             if plans:
                 try:
                     with sampler:
-                        measure(srv.base_url, exp.backend.api, exp.workload, plans,
+                        measure(srv.base_url,
+                                Api(exp.backend.api, stream=backend.stream_format),
+                                exp.workload, plans,
                                 warmup_requests=exp.measure.warmup_requests, on_level=record,
                                 headers={**api_headers(exp), **backend.request_headers},
                                 on_level_start=level_start)

@@ -20,10 +20,9 @@ import pytest
 from specdecode_tune import enginecache
 from specdecode_tune.backends import get_backend
 from specdecode_tune.config import BackendConfig, WorkloadSpec
-from specdecode_tune.load import LevelPlan, measure
+from specdecode_tune.load import LevelPlan, make_prompts, measure
 from specdecode_tune.server import ServerProcess
 from specdecode_tune.space import resolve
-from specdecode_tune.workload import make_prompts
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(300)]
 

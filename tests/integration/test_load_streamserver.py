@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 from conftest import pick_free_port, pid_alive
 
-from specdecode_tune.load import LevelPlan, level_failure, measure, run_level
+from specdecode_tune.config import WorkloadSpec
+from specdecode_tune.load import LevelPlan, iter_prompts, level_failure, measure, run_level
 from specdecode_tune.records import LevelSummary, RequestRecord
 from specdecode_tune.testing import streamserver
-from specdecode_tune.workload import WorkloadSpec, iter_prompts
 
 
 @pytest.fixture(scope="module")

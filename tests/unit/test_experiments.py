@@ -16,8 +16,8 @@ import pytest
 
 from specdecode_tune.backends import get_backend
 from specdecode_tune.config import Experiment, load_experiment
+from specdecode_tune.load import make_prompts
 from specdecode_tune.space import BASELINE, invalid_reason, resolve
-from specdecode_tune.workload import make_prompts
 from tests.conftest import REPO
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.toml"))

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from specdecode_tune.backends.sglang import interpret_generate
+from specdecode_tune.backends.streamformat import DETAIL_CHARS, Interpreter
+from specdecode_tune.backends.streamformat import MALFORMED as _MALFORMED
+from specdecode_tune.backends.streamformat import StreamError as _StreamError
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.load import (
-    _MALFORMED,
-    DETAIL_CHARS,
-    Api,
-    Interpreter,
-    _StreamError,
-    error_message,
-    interpret_chat,
-    interpret_completions,
-    interpret_generate,
-)
-from specdecode_tune.workload import Prompt
+from specdecode_tune.load import Api, Prompt, error_message, interpret_chat, interpret_completions
 
 PROMPT = Prompt("hello there", None, 2, 64, temperature=0.0, ignore_eos=True)
 

@@ -7,9 +7,10 @@ import math
 import pytest
 
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.load import LevelPlan, _records, _Req, level_failure, percentile, summarize
+from specdecode_tune.load import LevelPlan, Prompt, level_failure, percentile, summarize
+from specdecode_tune.load import RequestState as _Req
+from specdecode_tune.load import tally_level as _records
 from specdecode_tune.records import RequestRecord
-from specdecode_tune.workload import Prompt
 
 PLAN = LevelPlan(concurrency=4, warmup_s=1.0, duration_s=10.0)
 

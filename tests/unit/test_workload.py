@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from specdecode_tune.config import WorkloadSpec
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.workload import WorkloadSpec, iter_prompts, make_prompts
+from specdecode_tune.load import iter_prompts, make_prompts
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:

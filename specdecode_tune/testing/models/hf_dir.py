@@ -73,7 +73,8 @@ def train_word_tokenizer(extra_words: Sequence[str]) -> Any:
     project's random workload text plus `extra_words`; returns a `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from ...workload import WorkloadSpec, make_prompts
+    from ...config import WorkloadSpec
+    from ...load.workload import make_prompts
 
     corpus = [p.text for p in make_prompts(WorkloadSpec(kind="random", input_len=256), 64)]
     corpus.append(" ".join(extra_words))

@@ -22,8 +22,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specdecode_tune.config import Length, WorkloadSpec
-from specdecode_tune.config.promptfile import load_rows
+from ..config import Length, WorkloadSpec
+from ..config.promptfile import load_rows
 
 # Common short English words: most tokenizers encode " word" as a single token, so a prompt of
 # N words is close to N tokens on a real server and exactly N on one that counts words.
@@ -58,7 +58,7 @@ _VOCAB = tuple(
     nothing course stay wheel full force blue object decide surface deep moon island foot
     system busy test record boat common gold possible plane stead dry wonder laugh thousand
     ago ran check game shape equate miss brought heat snow tire bring yes distant fill east
-    paint language among""".split()
+    paint language among""".split()  # noqa: SIM905 (500 words read better as prose than as a list)
 )
 
 
