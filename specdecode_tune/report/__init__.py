@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..config import Experiment
-from . import build, figures, recommend, render, verdicts
 from ..store.rundir import REPORT_DIR, report_dir
+from . import build, figures, recommend, render, verdicts
 from .data import RunData, RunDirError, read_run
 
 

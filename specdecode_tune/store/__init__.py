@@ -22,16 +22,41 @@ Modules, each building on the ones before it:
 from __future__ import annotations
 
 from . import codec, files, rundir
-from .codec import (facts_from_dict, facts_to_dict, level_from_dict, level_to_dict,
-                    levels_from_json, levels_to_json, read_checkpoint, write_checkpoint)
+from .codec import (
+    facts_from_dict,
+    facts_to_dict,
+    level_from_dict,
+    level_to_dict,
+    levels_from_json,
+    levels_to_json,
+    read_checkpoint,
+    write_checkpoint,
+)
 from .files import filesystem, is_uri, write_atomic, write_file, write_json
 from .keys import config_key, params_json
-from .rows import (level_summaries, levels_by_trial, levels_table, records_from_level_table,
-                   records_from_request_table, requests_table, telemetry_table,
-                   trial_results_from_tables, trials_table)
+from .rows import (
+    level_summaries,
+    levels_by_trial,
+    levels_table,
+    records_from_level_table,
+    records_from_request_table,
+    requests_table,
+    telemetry_table,
+    trial_results_from_tables,
+    trials_table,
+)
 from .rundir import TABLES_DIR, level_tag
-from .schemas import (LEVELS_SCHEMA, PARAM_COLUMNS, REQUESTS_SCHEMA, SCHEMA_VERSION, SCHEMAS,
-                      TELEMETRY_SCHEMA, TRIAL_EXTRA_KEYS, TRIALS_SCHEMA, RunTables)
+from .schemas import (
+    LEVELS_SCHEMA,
+    PARAM_COLUMNS,
+    REQUESTS_SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    TELEMETRY_SCHEMA,
+    TRIAL_EXTRA_KEYS,
+    TRIALS_SCHEMA,
+    RunTables,
+)
 from .tables import read_table, read_tables, write_level, write_telemetry, write_trial
 
 __all__ = [

@@ -14,7 +14,7 @@ import json
 import numbers
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -22,8 +22,17 @@ import pyarrow as pa
 from ..records import TRIAL_STATUSES, LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .codec import LEVEL_FIELDS, level_from_dict
 from .keys import config_key, param_columns, params_json, plain
-from .schemas import (KEY_FIELDS, LEVELS_SCHEMA, PARAM_FIELDS, REQUESTS_SCHEMA,
-                      TELEMETRY_SCHEMA, TRIAL_EXTRA_KEYS, TRIALS_SCHEMA, RunTables, table_name)
+from .schemas import (
+    KEY_FIELDS,
+    LEVELS_SCHEMA,
+    PARAM_FIELDS,
+    REQUESTS_SCHEMA,
+    TELEMETRY_SCHEMA,
+    TRIAL_EXTRA_KEYS,
+    TRIALS_SCHEMA,
+    RunTables,
+    table_name,
+)
 
 _REQUEST_FIELDS = [f.name for f in dataclasses.fields(RequestRecord)]
 _SAMPLE_COLUMNS = ("gpu", "uuid", "t_s", "dt_s", "mem_used_mib", "mem_total_mib", "util_gpu",
@@ -88,9 +97,9 @@ def _timestamp(name: str, value: Any) -> datetime | None:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValueError(f"extra[{name!r}] must be timezone-aware, got naive {value!r}")
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+        return datetime.fromtimestamp(float(value), tz=UTC)
     raise ValueError(f"extra[{name!r}] must be an aware datetime or epoch seconds, got {value!r}")
 
 
@@ -142,7 +151,7 @@ def telemetry_table(trial_id: str, level_tag: str, samples: Sequence[Any]) -> pa
     cols: dict[str, list[Any]] = {"trial_id": [trial_id] * n, "level": [level_tag] * n}
     for name in _SAMPLE_COLUMNS:
         cols[name] = [getattr(s, name) for s in samples]
-    cols["timestamp"] = [datetime.fromtimestamp(s.wall, tz=timezone.utc) for s in samples]
+    cols["timestamp"] = [datetime.fromtimestamp(s.wall, tz=UTC) for s in samples]
     cols["clock_events"] = [list(s.clock_events) for s in samples]
     cols["foreign"] = [[{"pid": p.pid, "name": p.name, "used_mib": p.used_mib}
                         for p in s.foreign] for s in samples]

@@ -37,7 +37,7 @@ def _schema(fields: Sequence[pa.Field], table: str) -> pa.Schema:
 
 def table_name(schema: pa.Schema) -> str:
     """The table a schema is for (its metadata)."""
-    return schema.metadata[b"specdecode_tune.table"].decode()
+    return str(schema.metadata[b"specdecode_tune.table"].decode())
 
 
 KEY_FIELDS = [_f("trial_id", pa.string(), False), _f("config_key", pa.string(), False),
