@@ -63,6 +63,7 @@ from .procfs import pid_running
 from .procfs import pids as _proc_pids
 from .procfs import start_ticks as _proc_start_ticks
 from .procfs import stat_fields as _proc_stat
+from .store.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -308,16 +309,6 @@ def kill_process_group(pgid: int, grace_s: float = 10.0, *, kill_wait_s: float =
 
 # ---------------------------------------------------------------------------------------------
 # Pidfiles and orphans
-
-
-def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _cmdline_matches(cmdline: Sequence[str], argv0: str) -> bool:
@@ -620,7 +611,7 @@ class ServerProcess:
         # start_new_session makes the child a session and group leader: pgid == pid.
         self._pgid = self._proc.pid
         if self.pidfile is not None:
-            _write_json_atomic(self.pidfile, {
+            write_json(self.pidfile, {
                 "kind": PIDFILE_MARKER,
                 "pid": self._proc.pid,
                 "pgid": self._pgid,
