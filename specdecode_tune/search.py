@@ -5,10 +5,11 @@ cluster with logical GPUs, trials on GPU pairs, Optuna (plateau escape over TPE)
 points, the no-speculation baseline first, re-measurement of the best points, live progress,
 and at the end the best config against the baseline with the plateau verdicts.
 
-Layout of a run dir (`<storage>/<name>`): Tune's experiment state and searcher (Optuna study
-and sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `tables/`
-(Arrow/Parquet: requests, levels, trials), `logs/` (a server log per trial) and `pids/` (the
-servers' process groups, so that a resumed run ends orphans of a killed one).
+A run dir (`<storage>/<name>`) holds Tune's experiment state and searcher (Optuna study and
+sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `tables/`
+(Arrow/Parquet: requests, levels, trials), `logs/` (a server log per trial) and `logs/pids/`
+(the servers' process groups, so that a resumed run ends orphans of a killed one); the whole
+layout is `store.rundir`'s.
 
 Running the same command again resumes an interrupted search; `--fresh` moves the old run dir
 aside and starts over.
@@ -44,6 +45,9 @@ from .leftovers import (RUN_TOKEN_ENV, RunInUse, end_driver_processes, forget_dr
                         reap_driver, record_driver)
 from .server import reap_orphans
 from .space import BASELINE, SHORT_NAMES, DefineByRun, resolve
+from .store import rundir
+from .store.codec import read_checkpoint, write_checkpoint
+from .store.files import filesystem, write_atomic
 from .trial import TrialContext, run_trial
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -182,14 +186,13 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
             raise ConfigError(f"--storage {storage!r}: not a storage URI pyarrow.fs "
                               f"understands ({str(e).splitlines()[0]})") from None
         run_dir = storage.rstrip("/") + "/" + name
-        local_dir = Path(tempfile.gettempdir()) / "specdecode_tune" / name
     else:
         target = Path(storage) / name
         if _writable_target(target) is None:
             raise ConfigError(f"--storage {storage!r}: not writable (the run dir "
                               f"{target} cannot be created there)")
         run_dir = str(target.absolute())
-        local_dir = target.absolute()
+    local_dir = rundir.local_dir(run_dir)
     _check_backend(exp)
     # local files only on a local cluster: a joined cluster's nodes have their own
     preflight(exp.backend, local=not args.address)
@@ -269,14 +272,6 @@ def _enqueued(trial: Any) -> bool:
 # The Tune trainable: one trial on its GPUs
 
 
-def _levels_to_json(levels: Sequence[LevelSummary]) -> str:
-    return json.dumps([results.level_to_dict(s) for s in levels])
-
-
-def _levels_from_json(text: str) -> list[LevelSummary]:
-    return [results.level_from_dict(d) for d in json.loads(text)]
-
-
 def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSummary]
              ) -> tuple[bool, Any]:
     """(feasible, score or list of values) of a finished trial."""
@@ -303,10 +298,9 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            done = _levels_from_json((Path(d) / "levels.json").read_text())
-            if (Path(d) / "facts.json").exists():
-                facts.append(results.facts_from_dict(
-                    json.loads((Path(d) / "facts.json").read_text())))
+            done, done_facts = read_checkpoint(d)
+            if done_facts is not None:
+                facts.append(done_facts)
     tok_s = Gauge("specdecode_output_tok_s", "output tokens/s of a trial at a level",
                   tag_keys=("trial_id", "level"))
     accept = Gauge("specdecode_accept_length", "acceptance length of a trial at a level",
@@ -320,15 +314,13 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
         if summary.accept_length is not None:
             accept.set(summary.accept_length, tags=tags)
         with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "levels.json").write_text(_levels_to_json(finished))
-            if facts:
-                (Path(d) / "facts.json").write_text(json.dumps(results.facts_to_dict(facts[-1])))
+            write_checkpoint(d, finished, facts[-1] if facts else None)
             tune.report({"level": summary.concurrency, "level_tok_s": summary.output_tok_s,
                          "level_accept": summary.accept_length,
                          "level_errors": summary.errors, "levels_done": len(finished)},
                         checkpoint=tune.Checkpoint.from_directory(d))
 
-    trial_ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs",
+    trial_ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
                              trial_id=trial_id, repeat=repeat)
 
     def scorer(result: TrialResult) -> dict[str, Any]:
@@ -510,7 +502,8 @@ def dashboard_lines(ctx: Any) -> list[str]:
 
 
 def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:
-    ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs", trial_id=BASELINE_ID)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
+                       trial_id=BASELINE_ID)
     return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline", "node_id": _node_id()},
                      scorer=lambda r: {"score": 0.0 if r.status == "ok" else None})
 
@@ -580,7 +573,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
     plan.local_dir.mkdir(parents=True, exist_ok=True)
-    journal = JournalStorage(JournalFileBackend(str(plan.local_dir / "optuna.journal")))
+    journal = JournalStorage(JournalFileBackend(str(rundir.journal_file(plan.local_dir))))
     pareto = exp.objective.kind == "pareto"
     metric: Any = list(exp.objective.metrics) if pareto else "score"
     mode: Any = _pareto_modes(exp) if pareto else "max"
@@ -645,17 +638,10 @@ def keep_experiment(plan: RunPlan) -> None:
     settings the run was started with, even if the original file changes."""
     import pyarrow.fs as pafs
 
-    fs, root = pafs.FileSystem.from_uri(plan.run_dir) if plan.is_uri else \
-        (pafs.LocalFileSystem(), plan.run_dir)
-    target = f"{root}/experiment.toml"
-    if fs.get_file_info(target).type != pafs.FileType.NotFound:
-        return
-    fs.create_dir(root, recursive=True)
-    data = Path(plan.exp.source).read_bytes()
-    tmp = f"{root}/.experiment.toml.tmp"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, target)
+    fs, root = filesystem(plan.run_dir)
+    target = rundir.experiment_file(root)
+    if fs.get_file_info(target).type == pafs.FileType.NotFound:
+        write_atomic(fs, target, Path(plan.exp.source).read_bytes())
 
 
 def _move_aside(plan: RunPlan) -> str | None:
@@ -754,7 +740,7 @@ def _main(argv: Sequence[str] | None) -> int:
     sampler = args.sampler or exp.search.sampler
     seed = exp.search.seed if args.seed is None else args.seed
     max_trials = args.max_trials or exp.search.max_trials
-    pids_dir = plan.local_dir / "logs" / "pids"
+    pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
     # What a killed driver of this run left: its servers (their pidfiles), then everything
     # else it started (Ray's agents and workers: by the token its processes inherited).
     try:
@@ -835,8 +821,8 @@ def _search(plan: RunPlan, args: argparse.Namespace, *, sampler: str, seed: int,
     _say(f"search finished in {time.monotonic() - t0:.0f}s")
     _say(trial_counts(plan))
     _report(plan)
-    _say(f"tables: {plan.run_dir}/tables (Parquet: requests, levels, trials); "
-         f"Optuna study: {plan.local_dir / 'optuna.journal'}")
+    _say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
+         f"Optuna study: {rundir.journal_file(plan.local_dir)}")
     return 0
 
 

@@ -37,6 +37,7 @@ from .load import LevelPlan, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
+from .store import rundir
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
 INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
@@ -154,10 +155,10 @@ def run_trial(
     facts = ServerFacts()
     try:
         with ServerProcess(argv, env=env, host=exp.backend.host,
-                           health_path=backend.health_path, backend=backend,
-                           log_path=ctx.local_dir / f"{ctx.trial_id}.log",
+                          health_path=backend.health_path, backend=backend,
+                          log_path=rundir.server_log(ctx.local_dir, ctx.trial_id),
                            boot_timeout_s=exp.backend.boot_timeout_s,
-                           pidfile=ctx.local_dir / "pids" / f"{ctx.trial_id}.json") as srv:
+                           pidfile=rundir.pidfile(ctx.local_dir, ctx.trial_id)) as srv:
             facts = backend.read_facts(srv.base_url)
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
@@ -312,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
     trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
                f"{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = TrialContext(run_dir=run_dir, local_dir=Path(run_dir) / "logs", trial_id=trial_id)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(run_dir), trial_id=trial_id)
     params = resolve(sampled, exp.backend.flags)
     print(f"trial {trial_id}: {json.dumps(params, sort_keys=True)}", flush=True)
 
@@ -330,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"server: max_total_num_tokens={facts.max_total_num_tokens} "
               f"max_running_requests={facts.max_running_requests} "
               f"gpus={','.join(facts.gpu_ids) or '-'}")
-        print(f"tables: {run_dir}/tables")
+        print(f"tables: {run_dir}/{rundir.TABLES_DIR}")
     return 0 if result.status in ("ok", "infeasible", "pruned") else 1
 
 
