@@ -2,7 +2,8 @@
 
     SpecTuneError             base of everything raised on purpose
     ├── ConfigError           bad experiment file or CLI input: the CLI prints one line, exit 2
-    └── ServerStartError      a server did not become healthy; `.kind` classifies why
+    ├── ServerStartError      a server did not become healthy; `.kind` classifies why
+    └── SearchStopped         the search cannot go on (the baseline failed): one line, exit 1
 
 Expected failures of a measured system (boot failure, OOM, a crash mid-level, a timed-out
 request) are not exceptions past the trial boundary: they become data (a trial with a status and
@@ -37,3 +38,8 @@ class ServerStartError(SpecTuneError):
         self.kind = kind
         self.reason = reason
         self.log_tail = log_tail
+
+
+class SearchStopped(SpecTuneError):
+    """The search stops before its budget for a cause no config changes (the no-speculation
+    baseline failed). The message is one line with the server's own words; exit status 1."""
