@@ -43,7 +43,7 @@ _NOISE = [  # what differs between two boots failing the same way: masked in a s
     (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?"), "<time>"),
     (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
     (re.compile(r"\b((?:\d{1,3}\.){3}\d{1,3}|localhost|\[[0-9a-fA-F:]+\]):\d+"), r"\1:<port>"),
-    (re.compile(r"\b(pid|port)([ =:#]*)\d+", re.I), r"\1\2<n>"),
+    (re.compile(r"\b(pid|port)([ =:#]*)\d+", re.IGNORECASE), r"\1\2<n>"),
     (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x<addr>"),
 ]
 
