@@ -15,6 +15,9 @@ Layers, bottom up (one file, since each is small and only this module uses them)
 - `summarize`: records -> `LevelSummary` (percentiles, acceptance, errors); pure, so testable.
   A level with errors, or whose median inter-chunk gap moved by more than `DRIFT_LIMIT`
   between the halves of its window (the server's speed changed mid-level), is `suspect`.
+  A level in which no request succeeded (`level_failure`: e.g. 0 completed and N errors, a
+  server refusing the workload) is not a measurement: its 0 tok/s is not the server's speed;
+  its note says so with the first failed request's words (HTTP status and the server's message).
 - `measure`: the synchronous facade the trial calls: one `aiohttp.ClientSession`, a warm-up,
   then each plan in order, with a callback after each level so the trial can checkpoint.
 
@@ -64,6 +67,7 @@ __all__ = [
     "Api",
     "LevelPlan",
     "SSEParser",
+    "level_failure",
     "measure",
     "percentile",
     "run_level",
@@ -234,7 +238,41 @@ class Api:
 
 
 class _StreamError(Exception):
-    """A request's stream said something unusable; the message becomes the record's error."""
+    """A request's stream said something unusable; the message becomes the record's error, and
+    `detail` (the server's own words, where it gave any) the record's error_detail."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+# How much of a server's error message a failed request keeps (error_detail), and how much of
+# an error response's body is read to find it.
+DETAIL_CHARS = 400
+_ERROR_BODY_BYTES = 16 * 1024
+
+
+def clip(text: str, limit: int = DETAIL_CHARS) -> str:
+    """`text` on one line (whitespace runs collapsed), cut to `limit` characters with "..."."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+def error_message(body: bytes | str) -> str:
+    """The message of an error response's body: SGLang's and vLLM's `message` (top level or
+    under `error`), FastAPI's `detail`, or else the body's text; one line, clipped."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        for msg in (obj.get("message"), err.get("message") if isinstance(err, dict) else err,
+                    obj.get("detail")):
+            if isinstance(msg, str) and msg.strip():
+                return clip(msg)
+    return clip(text) if text.strip() else "(empty body)"
 
 
 # An interpreter maps one decoded event to (has_text, cumulative completion tokens or None,
@@ -249,7 +287,8 @@ def _check_error(obj: dict[str, Any]) -> None:
         err = obj
     if err is not None:
         msg = err.get("message", err) if isinstance(err, dict) else err
-        raise _StreamError(f"server error: {str(msg)[:120]}")
+        raise _StreamError(f"server error: {str(msg)[:120]}",
+                           detail=f"error event in an http 200 stream: {clip(str(msg))}")
 
 
 def interpret_generate(obj: Any) -> tuple[bool, int | None, dict[str, Any] | None]:
@@ -329,7 +368,7 @@ class _Req:
 
     __slots__ = (
         "index", "prompt", "start", "end", "times", "counted", "in_win", "inexact",
-        "meta", "error", "cancelled",
+        "meta", "error", "error_detail", "cancelled",
     )
 
     def __init__(self, index: int, prompt: Prompt) -> None:
@@ -343,7 +382,17 @@ class _Req:
         self.inexact = False              # some chunk was counted as 1 token, not by a counter
         self.meta: dict[str, Any] | None = None   # last meta_info / usage seen
         self.error: str | None = None
+        self.error_detail: str | None = None    # the server's own words for it
         self.cancelled = False
+
+
+async def _error_body(resp: aiohttp.ClientResponse) -> str:
+    """The message of a non-200 response (see `error_message`), read within the request's
+    timeout; a body that cannot be read is said so, never an exception."""
+    try:
+        return error_message(await resp.content.read(_ERROR_BODY_BYTES))
+    except (aiohttp.ClientError, TimeoutError):
+        return "(body not readable)"
 
 
 async def _send(
@@ -370,7 +419,8 @@ async def _send(
     try:
         resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
         if resp.status != 200:
-            raise _StreamError(f"http {resp.status}")
+            raise _StreamError(f"http {resp.status}",
+                               detail=f"http {resp.status}: {await _error_body(resp)}")
         content = resp.content
         while not done:
             data = await content.readany()
@@ -417,6 +467,7 @@ async def _send(
         raise
     except _StreamError as exc:
         st.error = str(exc)
+        st.error_detail = exc.detail
     except SSEError as exc:
         st.error = f"malformed stream ({exc})"
     except TimeoutError:
@@ -717,6 +768,7 @@ def _records(
                 ),
                 in_window=not st.cancelled and w0 <= end <= window_end,
                 error=None if st.cancelled else st.error,
+                error_detail=None if st.cancelled else st.error_detail,
             )
         )
     return records, round(window_tokens)
@@ -803,6 +855,9 @@ def summarize(
             hist[i] += c
 
     notes = []
+    failure = level_failure(records)
+    if failure is not None:
+        notes.append(f"no request succeeded, not a measurement: {failure}")
     if errors:
         kinds = Counter(r.error for r in in_win if r.error is not None)
         notes.append("errors: " + ", ".join(f"{k} x{n}" for k, n in kinds.most_common()))
@@ -834,10 +889,31 @@ def summarize(
         e2e_p50=ee[0], e2e_p90=ee[1], e2e_p99=ee[2],
         accept_length=accept,
         accept_histogram=tuple(hist),
-        suspect=errors > 0 or window_s <= 0 or (drift is not None and not
-                                                 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT),
+        suspect=errors > 0 or window_s <= 0 or failure is not None or (
+            drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT),
         note="; ".join(notes),
     )
+
+
+def level_failure(records: Sequence[RequestRecord]) -> str | None:
+    """Why a level measured nothing, or None when it measured the server.
+
+    A level measures the server when at least one of its requests succeeded: it got a token
+    and no error (it completed, or was still streaming when the level was cut). When none did,
+    its figures (0 tok/s) say nothing about the server's speed, inside the window or out:
+    - requests failed: the first failed request's words (by send time): its HTTP status and the
+      server's own message where it gave one (`RequestRecord.error_detail`), else its error;
+    - none failed, none got a token (all cut at the level's end while waiting): said so.
+    A level that sent no request at all (no prompts) is not judged here: None."""
+    if not records or any(r.error is None and (r.ttft is not None or r.output_tokens > 0)
+                          for r in records):
+        return None
+    failed = [r for r in records if r.error is not None]
+    if not failed:
+        return (f"none of its {len(records)} request(s) got a token before the level ended "
+                f"(a measurement window shorter than one request's time to first token?)")
+    first = min(failed, key=lambda r: (r.start, r.index))
+    return first.error_detail or first.error
 
 
 # A level whose median inter-chunk gap changes by more than this factor between the halves of

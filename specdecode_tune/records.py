@@ -31,6 +31,9 @@ class RequestRecord:
     accept_histogram: tuple[int, ...] = ()   # per-position accepted counts, where given
     in_window: bool = True        # completed inside the measurement window (counts in stats)
     error: str | None = None      # None = ok; else a short reason ("timeout", "http 500", ...)
+    # The server's own words for a failure, where it gave any: "http 400: <its message>", or
+    # the message of an error event in a 200 stream; None for failures without words (timeout).
+    error_detail: str | None = None
 
     @property
     def latency(self) -> float:

@@ -29,20 +29,34 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import results
 from .backends import get_backend, preflight
 from .config import SAMPLERS, Experiment, load_experiment
-from .errors import ConfigError
+from .errors import ConfigError, SearchStopped
+from .leftovers import (
+    RUN_TOKEN_ENV,
+    RunInUse,
+    end_driver_processes,
+    forget_driver,
+    reap_driver,
+    record_driver,
+)
 from .objective import pareto_values, pct, scalar_score
 from .records import LevelSummary, ServerFacts, TrialResult
 from .samplers.model import BASELINE_ATTR, baseline_attr, measured_attr
-from .searcher import JUMP_KEY, REPEAT_KEY, SAMPLER_KEY, RepeatingSearcher, SpecOptunaSearch
-from .leftovers import (RUN_TOKEN_ENV, RunInUse, end_driver_processes, forget_driver,
-                        reap_driver, record_driver)
+from .searcher import (
+    JUMP_KEY,
+    REPEAT_KEY,
+    SAMPLER_KEY,
+    FailureStreak,
+    RepeatingSearcher,
+    SpecOptunaSearch,
+)
 from .server import reap_orphans
 from .space import BASELINE, SHORT_NAMES, DefineByRun, resolve
 from .store import rundir
@@ -537,8 +551,11 @@ def run_baseline(plan: RunPlan) -> list[LevelSummary]:
                                                num_cpus=s.cpus_per_trial, max_retries=0)
     result: TrialResult = ray.get(task.remote(plan.exp, plan.run_dir, str(plan.local_dir)))
     if result.status != "ok":
-        raise RuntimeError(f"the no-speculation baseline did not run ({result.status}: "
-                           f"{result.reason}); fix the server settings first")
+        # Every score is relative to it, and what fails it (a workload the server refuses, a
+        # model it cannot load) fails every trial: stop before booting any. Its row in the
+        # trials table has the status and the reason.
+        raise SearchStopped(f"the no-speculation baseline {result.status}, so the search "
+                            f"stopped before any trial: {result.reason}")
     for lv in result.levels:
         _say(f"  baseline C={lv.concurrency:<3d} {lv.output_tok_s:8.1f} tok/s")
     return list(result.levels)
@@ -586,6 +603,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
         request_tokens=request_tokens(exp)))
     if pareto:
+        optuna_search.streak = FailureStreak()    # RepeatingSearcher keeps it otherwise
         search_alg: Any = optuna_search
         num_samples = max_trials
     else:
@@ -658,6 +676,19 @@ def _move_aside(plan: RunPlan) -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Summary of a finished search
+
+
+def stopped_early(plan: RunPlan) -> str | None:
+    """Why the searcher stopped before its budget (searcher.FailureStreak: trials in a row at
+    distinct configs failing with the same reason), or None. The rule is replayed over the
+    trials table in the order the trials finished, so a resumed run that stops says so too."""
+    rows = [r for r in results.read_table(plan.run_dir, "trials").to_pylist()
+            if r["trial_id"] != BASELINE_ID]
+    rows.sort(key=lambda r: (r["finished_at"] is None, r["finished_at"]))
+    streak = FailureStreak()
+    for r in rows:
+        streak.observe(r["config_key"], r["status"], r["reason"])
+    return streak.tripped
 
 
 def trial_counts(plan: RunPlan) -> str:
@@ -814,15 +845,25 @@ def _search(plan: RunPlan, args: argparse.Namespace, *, sampler: str, seed: int,
         return 2
     for line in dashboard_lines(ctx):
         _say(line)
-    baseline = run_baseline(plan) if exp.search.baseline else []
+    try:
+        baseline = run_baseline(plan) if exp.search.baseline else []
+    except SearchStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
     tuner.fit()
+    stopped = stopped_early(plan)
     _say("")
     _say(f"search finished in {time.monotonic() - t0:.0f}s")
+    if stopped:
+        _say(stopped)
     _say(trial_counts(plan))
     _report(plan)
     _say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
          f"Optuna study: {rundir.journal_file(plan.local_dir)}")
+    if stopped:
+        print(f"error: {stopped}; fix that, then start over with --fresh", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,11 +4,17 @@
 `python -m specdecode_tune.trial` runs by hand, as the seed's user did six times. A server
 that refuses the config at start-up (OOM, not enough KV memory, invalid arguments) gives a
 result with status "infeasible" and the reason; a point the rules refuse is "pruned" without a
-boot; a server that dies or hangs mid-run gives "failed", keeping every level finished before.
+boot; a server that dies or hangs mid-run, or serves no request of a level, gives "failed",
+keeping every level finished before.
 
 After each level the trial checks that the server is still alive and still answers its health
 path (within `HEALTH_PROBE_S`): a level during which it died or hung is kept, marked suspect,
 and the trial ends there, since the levels after it would only measure a dead server.
+
+A level in which no request succeeded (`load.level_failure`: every request failed, e.g. the
+server refused the workload with a 400) measured nothing: it is kept (suspect, its note says
+why) and the trial ends there as "failed", with the first failed request's words as the reason
+("no request succeeded at C=1: http 400: <the server's message>"), never as "ok" at 0 tok/s.
 
 Before that check, the trial waits (up to `DRAIN_S`) until the server runs and queues no
 request: the requests cut at the level's end go on in the server until it sees the closed
@@ -33,7 +39,7 @@ from . import results, telemetry
 from .backends import get_backend, preflight, speccounters
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
-from .load import LevelPlan, measure
+from .load import LevelPlan, level_failure, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
@@ -65,6 +71,14 @@ def drain(busy: Callable[[], int | None], limit_s: float) -> tuple[int, float]:
 
 class _ServerGone(Exception):
     """The server died or stopped answering during a level: stop measuring, keep what is done."""
+
+
+class _NothingMeasured(Exception):
+    """No request of a level succeeded: stop measuring, keep what is done; the trial failed."""
+
+
+def level_name(summary: LevelSummary) -> str:
+    return f"C={summary.concurrency}" if summary.mode == "closed" else f"{summary.rate:g} req/s"
 
 
 @dataclass(frozen=True)
@@ -224,10 +238,13 @@ def run_trial(
                     raise _ServerGone(f"server exited during the run: "
                                       f"{_last_line(srv.log_tail(4000))}")
                 if not answering:
-                    level = f"C={summary.concurrency}" if summary.mode == "closed" \
-                        else f"{summary.rate:g} req/s"
                     raise _ServerGone(f"server hung: no answer from {backend.health_path} "
-                                      f"within {probe_s:g} s after the level {level}")
+                                      f"within {probe_s:g} s after the level "
+                                      f"{level_name(summary)}")
+                why = level_failure(records)
+                if why is not None:
+                    raise _NothingMeasured(f"no request succeeded at {level_name(summary)}: "
+                                           f"{why}")
 
             if plans:
                 try:
@@ -236,8 +253,8 @@ def run_trial(
                                 warmup_requests=exp.measure.warmup_requests, on_level=record,
                                 headers={**api_headers(exp), **backend.request_headers},
                                 on_level_start=level_start)
-                except _ServerGone as gone:
-                    return finish("failed", str(gone), facts)
+                except (_ServerGone, _NothingMeasured) as stop:
+                    return finish("failed", str(stop), facts)
             if not srv.alive():
                 return finish("failed", f"server exited during the run: "
                                         f"{_last_line(srv.log_tail(4000))}", facts)

@@ -431,6 +431,10 @@ def predict_facts(profile: Profile, facts: Facts, concurrency: int,
         reason = (f"input of {workload.input_len} tokens exceeds max_req_input_len "
                   f"{facts.max_req_input_len}")
         return _infeasible(reason, facts)
+    if per_request_kv >= profile.memory.context_length:   # refused as SGLang refuses it
+        reason = (f"input + output = {per_request_kv} tokens reaches the context length "
+                  f"{profile.memory.context_length}")
+        return _infeasible(reason, facts)
     if per_request_kv > facts.max_total_num_tokens:   # the server rejects such a request (400)
         reason = (f"input + output = {per_request_kv} tokens exceeds the KV pool "
                   f"{facts.max_total_num_tokens}")

@@ -9,6 +9,9 @@ jitter; the loop sleeps until the iteration's absolute deadline (next_t += dt, s
 accumulates as drift) and then hands each request its tokens as one chunk. Requests that arrive
 during an iteration wait for the next one. Admission: at most `max_running_requests` running and
 the KV reservations (input + max_new_tokens each) within `max_total_num_tokens`; no preemption.
+A request is refused at submission, as SGLang's tokenizer manager refuses it, when its input
+reaches the context length or input + max_new_tokens does (SGLang's own message), or when it
+could never fit the KV pool.
 Without `ignore_eos`, a request also ends at a random EOS when the profile's
 `[eos] mean_output_tokens` is above 0; the seed profile sets 0, so every request runs to
 `max_new_tokens` either way (the sim has no text to end).
@@ -126,6 +129,16 @@ class Scheduler:
             raise RequestRejected(
                 f"The input ({input_len} tokens) is longer than the model's context length "
                 f"({f.max_req_input_len} tokens)."
+            )
+        context = self.profile.memory.context_length
+        if input_len + max_new_tokens >= context:
+            # SGLang's TokenizerManager._validate_one_request, word for word (>=, as there).
+            raise RequestRejected(
+                f"Requested token count exceeds the model's maximum context length of {context} "
+                f"tokens. You requested a total of {input_len + max_new_tokens} tokens: "
+                f"{input_len} tokens from the input messages and {max_new_tokens} tokens for the "
+                f"completion. Please reduce the number of tokens in the input messages or the "
+                f"completion to fit within the limit."
             )
         if input_len + max_new_tokens > f.max_total_num_tokens:
             raise RequestRejected(

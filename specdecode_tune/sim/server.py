@@ -244,6 +244,7 @@ class Routes:
             request,
             lambda body: parse_generate(body, self.sim.profile.defaults.max_new_tokens),
             lambda req, params: SglangFormat(req, nodes),
+            refusal_in_stream=True,
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -267,8 +268,14 @@ class Routes:
         request: web.Request,
         parse: Callable[[Any], GenParams],
         make_format: Callable[[Any, GenParams], SglangFormat | OpenAIFormat],
+        refusal_in_stream: bool = False,
     ) -> web.StreamResponse:
-        """The one generation loop: submit, then a chunk per scheduler iteration (or one body)."""
+        """The one generation loop: submit, then a chunk per scheduler iteration (or one body).
+
+        A request the engine refuses (too long for the context or the KV pool) is a 400, except
+        on a streamed `/generate` (`refusal_in_stream`): SGLang validates there inside the
+        stream it has already answered with 200, so the refusal is one `{"error": {"message"}}`
+        event and `[DONE]`. Its OpenAI endpoints validate before answering: a 400."""
         sched = self._scheduler()
         faults = self.sim.faults
         faults.on_request()
@@ -283,6 +290,12 @@ class Routes:
             req = sched.submit(params.input_len, params.max_new_tokens, params.temperature,
                                params.ignore_eos)
         except RequestRejected as e:
+            if refusal_in_stream and params.stream:
+                resp = web.StreamResponse(headers=SSE_HEADERS)
+                await resp.prepare(request)
+                event = json.dumps({"error": {"message": str(e)}}, separators=(",", ":"))
+                await resp.write(b"data: " + event.encode() + b"\n\ndata: [DONE]\n\n")
+                return resp
             return _error(400, str(e))
         fmt = make_format(req, params)
         resp: web.StreamResponse | None = None

@@ -60,6 +60,9 @@ REQUESTS_SCHEMA = _schema(KEY_FIELDS + [
     _f("accept_histogram", pa.list_(pa.int64()), False),
     _f("in_window", pa.bool_(), False),
     _f("error", pa.string()),
+    # Added after schema version 1 was first written: nullable, so that files written before it
+    # read back with nulls (read_table reads every file with this schema).
+    _f("error_detail", pa.string()),
 ], "requests")
 
 _PERCENTILES = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")]

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from conftest import pick_free_port, pid_alive
 
-from specdecode_tune.load import LevelPlan, measure, run_level
+from specdecode_tune.load import LevelPlan, level_failure, measure, run_level
 from specdecode_tune.records import LevelSummary, RequestRecord
 from specdecode_tune.testing import streamserver
 from specdecode_tune.workload import WorkloadSpec, iter_prompts
@@ -178,6 +178,24 @@ def test_failed_requests_are_recorded_and_counted(server: int, mode: str, error:
     assert len(failed) == pytest.approx(len(in_window) / 3, abs=3)
     assert summary.suspect and error in summary.note
     assert summary.requests_s == pytest.approx((len(in_window) - len(failed)) / plan.duration_s)
+
+
+@pytest.mark.parametrize("mode, words", [
+    ("500", "http 500: injected failure"),
+    ("error_event", "error event in an http 200 stream: injected stream error")])
+def test_a_server_failing_every_request_gives_no_measurement_but_its_words(
+        server: int, mode: str, words: str) -> None:
+    """Every request fails: the records keep their short kind as before and the server's own
+    words beside it; the level says it measured nothing, with the first failure's words."""
+    streamserver.reset(server, tokens_per_chunk=2, chunk_delay=0.003, fail_every=1, fail_mode=mode)
+    plan = LevelPlan(concurrency=2, warmup_s=0.1, duration_s=0.5)
+    _, summary, records = run(server, "completions", plan, WorkloadSpec(input_len=8, output_len=8))
+    assert records and all(r.error is not None for r in records)
+    assert {r.error_detail for r in records} == {words}
+    assert level_failure(records) == words
+    # (the error event comes after a few tokens: even those stream no measurement)
+    assert summary.suspect
+    assert summary.note.startswith(f"no request succeeded, not a measurement: {words}")
 
 
 def test_stalled_request_times_out(server: int) -> None:

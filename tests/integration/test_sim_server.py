@@ -253,6 +253,41 @@ def test_bad_requests_get_400_and_404_and_never_crash() -> None:
         assert proc.poll() is None
 
 
+def _post_stream(url: str, body: dict) -> tuple[int, list[bytes]]:
+    async def go() -> tuple[int, list[bytes]]:
+        # Bounded: a server that accepted the request would stream for minutes.
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.post(url, json=body) as r:
+            return r.status, [line.strip() for line in (await r.read()).splitlines()
+                              if line.strip()]
+    return asyncio.run(go())
+
+
+def test_a_request_beyond_the_context_is_refused_as_sglang_refuses_it() -> None:
+    """max_new_tokens past the context length: SGLang's streamed /generate has answered 200
+    before it validates, so the refusal is an error event then [DONE]; its OpenAI endpoints and
+    the unstreamed /generate answer 400. The message is SGLang's."""
+    too_long = 300_000
+    phrase = "Requested token count exceeds the model's maximum context length of 262144 tokens"
+    with run_sim(*SPEC4, *FAST, "--mem-fraction-static", "0.92") as (base, proc):
+        status, lines = _post_stream(base + "/generate", {
+            "text": "w " * 256, "stream": True,
+            "sampling_params": {"max_new_tokens": too_long, "ignore_eos": True}})
+        assert status == 200 and lines[-1] == b"data: [DONE]" and len(lines) == 2
+        event = json.loads(lines[0].removeprefix(b"data: "))
+        assert set(event) == {"error"} and event["error"]["message"].startswith(phrase)
+        assert "256 tokens from the input messages and 300000 tokens" in \
+            event["error"]["message"]
+        status, err = _post(base + "/generate", {"text": "w " * 256,
+                                                 "sampling_params": {"max_new_tokens": too_long}})
+        assert status == 400 and err["error"]["message"].startswith(phrase)
+        status, err = _post(base + "/v1/completions", {"prompt": "w " * 256, "stream": True,
+                                                       "max_tokens": too_long})
+        assert status == 400 and err["message"].startswith(phrase) and err["code"] == 400
+        assert _post(base + "/generate", {"text": "ok", "sampling_params": {"max_new_tokens": 3}})[0] == 200
+        assert proc.poll() is None
+
+
 def test_client_disconnects_free_slots_and_kv() -> None:
     body = {"text": "w " * 100, "stream": True,
             "sampling_params": {"max_new_tokens": 5000, "temperature": 0, "ignore_eos": True}}

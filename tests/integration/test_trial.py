@@ -71,6 +71,44 @@ def test_refused_config_is_an_infeasible_result(tmp_path: Path) -> None:
     assert row["status"] == "infeasible" and row["n_levels"] == 0
 
 
+CONTEXT_REFUSAL = ("Requested token count exceeds the model's maximum context length of 262144 "
+                   "tokens. You requested a total of 300256 tokens: 256 tokens from the input "
+                   "messages and 300000 tokens for the completion.")
+
+
+def beyond_the_context(tmp_path: Path, api: str) -> Path:
+    """sim-small asking for outputs longer than the model's context: every request refused."""
+    text = EXP.read_text().replace("output_len = 512", "output_len = 300000", 1)
+    text = text.replace("[backend]\n", f'[backend]\napi = "{api}"\n', 1)
+    path = tmp_path / f"beyond-{api}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("api, words", [
+    ("generate", "error event in an http 200 stream: "),     # SGLang streams its refusal
+    ("completions", "http 400: "),                            # its OpenAI API answers 400
+])
+def test_a_level_where_every_request_failed_fails_the_trial_with_the_servers_words(
+        tmp_path: Path, api: str, words: str) -> None:
+    exp = load_experiment(beyond_the_context(tmp_path, api))
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-too-long")
+    result = run_trial(exp, {"speculative_num_steps": 3}, ctx)
+    assert result.status == "failed"
+    assert result.reason.startswith(f"no request succeeded at C=1: {words}{CONTEXT_REFUSAL}"), \
+        result.reason
+    # The level is kept, marked, and the trial stopped there: C=16 would measure nothing more.
+    (lv,) = result.levels
+    assert lv.concurrency == 1 and lv.suspect and lv.output_tok_s == 0.0
+    assert lv.note.startswith("no request succeeded, not a measurement: ")
+    tables = results.read_tables(ctx.run_dir)
+    row = tables.trials.to_pylist()[0]
+    assert (row["status"], row["reason"], row["n_levels"]) == ("failed", result.reason, 1)
+    details = {r["error_detail"] for r in tables.requests.to_pylist()}
+    assert len(details) == 1 and details.pop().startswith(words + CONTEXT_REFUSAL)
+
+
 def test_point_the_rules_refuse_is_never_booted(tmp_path: Path) -> None:
     exp = load_experiment(EXP)
     ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",

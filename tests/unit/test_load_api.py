@@ -7,9 +7,11 @@ import pytest
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.load import (
     _MALFORMED,
+    DETAIL_CHARS,
     Api,
     Interpreter,
     _StreamError,
+    error_message,
     interpret_chat,
     interpret_completions,
     interpret_generate,
@@ -124,3 +126,34 @@ def test_wrong_shapes_only_raise_what_the_loop_records_as_malformed(
         interp(junk)
     except _MALFORMED:
         pass
+
+
+def test_an_error_event_keeps_the_servers_whole_message_as_its_detail() -> None:
+    long = "Requested token count exceeds the model's maximum context length of 262144 " \
+           "tokens. You requested a total of 300256 tokens: 256 tokens from the input " \
+           "messages and 300000 tokens for the completion."
+    with pytest.raises(_StreamError) as e:
+        interpret_generate({"error": {"message": long}})
+    assert str(e.value) == f"server error: {long[:120]}"          # the short kind, as before
+    assert e.value.detail == f"error event in an http 200 stream: {long}"
+
+
+@pytest.mark.parametrize("body, words", [
+    # SGLang's OpenAI endpoints (and vLLM's): the message at the top level
+    ((b'{"object":"error","message":"Requested token count exceeds","type":"BadRequestError",'
+      b'"param":null,"code":400}'), "Requested token count exceeds"),
+    # SGLang's native endpoints: under "error"
+    (b'{"error":{"message":"The input (300000 tokens) is longer"}}',
+     "The input (300000 tokens) is longer"),
+    (b'{"error":"unknown fields [\'x\']"}', "unknown fields ['x']"),
+    (b'{"detail":"Not Found"}', "Not Found"),                          # FastAPI
+    (b"<html>\n  <h1>502 Bad   Gateway</h1>\n</html>", "<html> <h1>502 Bad Gateway</h1> </html>"),
+    (b"", "(empty body)"),
+])
+def test_error_message_finds_the_servers_words(body: bytes, words: str) -> None:
+    assert error_message(body) == words
+
+
+def test_error_message_is_clipped_to_one_line() -> None:
+    words = error_message(b'{"message": "' + b"x " * 1000 + b'"}')
+    assert len(words) == DETAIL_CHARS and words.endswith("...") and "\n" not in words

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.load import LevelPlan, _records, _Req, percentile, summarize
+from specdecode_tune.load import LevelPlan, _records, _Req, level_failure, percentile, summarize
 from specdecode_tune.records import RequestRecord
 from specdecode_tune.workload import Prompt
 
@@ -150,3 +150,47 @@ def test_bad_plans_name_the_key_and_value(kwargs: dict, key: str) -> None:
         LevelPlan(**kwargs)
     assert key in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+# --- a level in which no request succeeded is not a measurement -----------------------------
+
+REFUSED = ("http 400: Requested token count exceeds the model's maximum context length of "
+           "262144 tokens.")
+
+
+def test_a_level_whose_every_request_failed_is_not_a_measurement() -> None:
+    """0 completed and N errors (a server refusing the workload): 0 tok/s is not the server's
+    speed. The level says so with the first failed request's words, and is suspect."""
+    records = [rec(i, 0.2 * i, 0.2 * i + 0.01, None, 0, error="http 400",
+                   error_detail=f"{REFUSED} (#{i})", in_window=i > 0) for i in range(6)]
+    s = summarize(records, PLAN, window_tokens=0, window_s=10.0)
+    assert level_failure(records) == f"{REFUSED} (#0)"       # the first sent, even if outside
+    assert s.output_tok_s == 0.0 and s.errors == 5 and s.suspect
+    assert s.note.startswith(f"no request succeeded, not a measurement: {REFUSED} (#0)")
+    assert "http 400 x5" in s.note
+    # no words from the server (a timeout): its error stands for them
+    assert level_failure([rec(0, 0.0, 5.0, None, 0, error="timeout")]) == "timeout"
+
+
+def test_a_level_whose_failures_all_fell_outside_the_window_is_not_a_measurement_either() -> None:
+    records = [rec(i, 0.1 * i, 0.1 * i + 0.01, None, 0, error="connect failed", in_window=False)
+               for i in range(3)]
+    s = summarize(records, PLAN, window_tokens=0, window_s=10.0)
+    assert s.errors == 0 and s.suspect
+    assert s.note.startswith("no request succeeded, not a measurement: connect failed")
+
+
+def test_one_success_or_one_stream_still_running_makes_it_a_measurement() -> None:
+    failed = [rec(i, 1.0 + i, 1.5 + i, None, 0, error="http 500") for i in range(3)]
+    ok = rec(9, 2.0, 4.0, 0.3, 20)
+    cut = rec(8, 2.0, 11.0, 0.3, 50, in_window=False)     # streaming when the window closed
+    for records in (failed + [ok], failed + [cut]):
+        assert level_failure(records) is None
+        assert "not a measurement" not in summarize(records, PLAN, window_tokens=70).note
+    assert level_failure([]) is None                       # no request sent: nothing to judge
+
+
+def test_a_level_where_no_request_got_a_token_is_not_a_measurement() -> None:
+    waiting = [rec(i, 1.0, 11.0, None, 0, in_window=False) for i in range(4)]
+    why = level_failure(waiting)
+    assert why is not None and "none of its 4 request(s) got a token" in why

@@ -303,6 +303,18 @@ def test_files_from_an_older_schema_keep_every_column(tmp_path: Path) -> None:
     assert t["score"].to_pylist() == [None, 1.5]
 
 
+def test_requests_written_before_error_detail_read_back_without_it(tmp_path: Path) -> None:
+    fresh = dataclasses.replace(request(1, error="http 400"), error_detail="http 400: too long")
+    write_level(tmp_path, "t0002", level(8), [fresh], params=PARAMS, repeat=0)
+    old = results.requests_table("t0001", [request(0, error="http 400")], params=PARAMS,
+                                 repeat=0).drop_columns(["error_detail"])
+    pq.write_table(old, tmp_path / "tables" / "requests" / "t0001-c8.parquet")  # sorts first
+    t = read_tables(tmp_path).requests
+    assert t.schema.equals(REQUESTS_SCHEMA)
+    assert t["error_detail"].to_pylist() == [None, "http 400: too long"]
+    assert records_from_request_table(t, trial_id="t0002") == [fresh]
+
+
 def test_read_table_rejects_unknown_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="got 'level'"):
         results.read_table(tmp_path, "level")

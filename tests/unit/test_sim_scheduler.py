@@ -117,6 +117,26 @@ def test_requests_larger_than_the_kv_pool_are_rejected() -> None:
     run_with(QUIET, SPEC4, body)
 
 
+def test_requests_beyond_the_context_length_are_rejected_with_sglangs_message() -> None:
+    """SGLang refuses input + max_new_tokens >= context length before scheduling, even where
+    the KV pool would hold the request (a large mem_fraction_static): so does the simulator."""
+    context = QUIET.memory.context_length
+    params = {**SPEC4, "mem_fraction_static": 0.92}
+
+    async def body(sched: Scheduler):
+        assert sched.facts.max_total_num_tokens > context          # the pool is not the limit
+        with pytest.raises(RequestRejected) as e:
+            sched.submit(256, context - 256, 0.0, True)
+        assert str(e.value) == (
+            f"Requested token count exceeds the model's maximum context length of {context} "
+            f"tokens. You requested a total of {context} tokens: 256 tokens from the input "
+            f"messages and {context - 256} tokens for the completion. Please reduce the number "
+            f"of tokens in the input messages or the completion to fit within the limit.")
+        req = sched.submit(256, context - 257, 0.0, True)          # one below: accepted
+        sched.abort(req)
+    run_with(QUIET, params, body)
+
+
 def test_eos_ends_requests_early_unless_ignore_eos() -> None:
     profile = dataclasses.replace(QUIET, eos=Eos(mean_output_tokens=20.0))
 
