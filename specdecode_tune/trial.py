@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import results, telemetry
-from .backends import get_backend, preflight, speccounters
+from .backends import get_backend, preflight
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import LevelPlan, level_failure, measure
@@ -196,7 +196,7 @@ def run_trial(
                 tele = sampler.cut()
                 summary = telemetry.merge_level(summary, tele)
                 left, waited = drain(
-                    lambda: speccounters.in_flight(srv.base_url, backend.busy_gauges),
+                    lambda: backend.in_flight(srv.base_url, api_headers(exp)),
                     min(DRAIN_S, exp.measure.request_timeout_s))
                 if left:
                     summary = dataclasses.replace(summary, note=(

@@ -66,7 +66,6 @@ class SGLangBackend:
     name = "sglang"
     health_path = "/health"
     request_headers: ClassVar[Mapping[str, str]] = {}
-    busy_gauges: ClassVar[tuple[str, ...]] = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     module = "sglang.launch_server"
 
@@ -141,6 +140,26 @@ class SGLangBackend:
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
             extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
         )
+
+    def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
+                  timeout_s: float = 5.0) -> int | None:
+        # Not the gauges sglang:num_running_reqs / num_queue_reqs: SGLang writes them on a
+        # prefill, every 40th decode batch and after 30 s idle, so after a level's cut they keep
+        # their last value for up to 30 s. GET /get_load asks the scheduler now (0.5.10:
+        # http_server.py, scheduler_metrics_mixin.get_load): one item per DP rank, `num_reqs`
+        # = running + waiting. It needs the API key where one is set.
+        try:
+            ranks = get_json(f"{base_url}/get_load", timeout_s, headers)
+        except (OSError, ValueError):
+            return None
+        if isinstance(ranks, dict):
+            ranks = [ranks]
+        if not isinstance(ranks, list):
+            return None
+        counts = [r.get("num_reqs") for r in ranks if isinstance(r, dict)]
+        if not counts or not all(isinstance(n, int) for n in counts):
+            return None
+        return sum(counts)
 
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
