@@ -109,10 +109,15 @@ def summary_key(s: LevelSummary) -> tuple[str, float]:
     return ("rate", float(s.rate)) if s.mode == "rate" else ("closed", float(s.concurrency))
 
 
-def api_headers(exp: Experiment) -> dict[str, str]:
-    """Authorization from the environment variable the experiment names; never stored."""
+def api_key(exp: Experiment) -> str:
+    """The API key from the environment variable the experiment names ('' without one)."""
     name = exp.backend.api_key_env
-    key = os.environ.get(name, "") if name else ""
+    return os.environ.get(name, "") if name else ""
+
+
+def api_headers(exp: Experiment) -> dict[str, str]:
+    """Authorization with the experiment's API key; never stored."""
+    key = api_key(exp)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -170,6 +175,7 @@ def run_trial(
     try:
         with ServerProcess(argv, env=env, host=exp.backend.host,
                           health_path=backend.health_path, backend=backend,
+                          secrets=[api_key(exp)],
                           log_path=rundir.server_log(ctx.local_dir, ctx.trial_id),
                            boot_timeout_s=exp.backend.boot_timeout_s,
                            pidfile=rundir.pidfile(ctx.local_dir, ctx.trial_id)) as srv:

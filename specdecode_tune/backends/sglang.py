@@ -8,6 +8,7 @@ or fixed setting is passed as `--name-with-dashes value`, a true boolean as a ba
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import urllib.error
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
+from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from .failurepatterns import FailurePatterns
@@ -91,14 +93,29 @@ class SGLangBackend:
         return args + list(cfg.extra_args)
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
-        return (self._head(cfg) + self.server_args(cfg, params)
+        return (self._head(cfg) + self.server_args(cfg, params) + self.key_args(cfg)
                 + ["--host", cfg.host, "--port", str(port)])
+
+    def key_args(self, cfg: BackendConfig) -> list[str]:
+        """The API key for the server: SGLang takes it only as `--api-key KEY` (no environment
+        form), so it is read from `backend.api_key_env` at boot. The trial masks it in the
+        server's log (SGLang logs its server_args), and no table or report holds argv; the
+        launch command names the variable instead."""
+        if not cfg.api_key_env:
+            return []
+        return ["--api-key", os.environ.get(cfg.api_key_env, "")]
+
+    def key_text(self, cfg: BackendConfig) -> str:
+        return f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
 
     def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
         return dict(cfg.env)
 
     def validate(self, cfg: BackendConfig) -> None:
-        return None
+        if "--api-key" in cfg.extra_args:
+            raise ConfigError("backend.extra_args: --api-key would put the key in the run's "
+                              "tables and report; export it and name the variable in "
+                              "backend.api_key_env instead")
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each
@@ -111,7 +128,7 @@ class SGLangBackend:
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
-        return shlex.join(head + self.server_args(cfg, params))
+        return shlex.join(head + self.server_args(cfg, params)) + self.key_text(cfg)
 
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         info: dict[str, Any] = {}
@@ -194,7 +211,12 @@ class SimBackend(SGLangBackend):
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only
 
+    def key_args(self, cfg: BackendConfig) -> list[str]:
+        # The simulator also reads the key from a variable it is named (its own flag), so the
+        # key stays off its command line.
+        return ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []
+
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         # The simulator stands in for SGLang: the command to take away is SGLang's.
         return shlex.join(["python", "-m", "sglang.launch_server"]
-                          + SGLangBackend.server_args(self, cfg, params))
+                          + SGLangBackend.server_args(self, cfg, params)) + self.key_text(cfg)
