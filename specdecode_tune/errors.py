@@ -12,6 +12,11 @@ Defined here (the errors a user of the CLIs or of the package meets):
     │                         classifies why. Raised by `server.ServerProcess`; the trial turns
     │                         it into data: status "infeasible" (oom, kv_memory) or "failed",
     │                         reason "<kind>: <reason>". It never reaches a CLI.
+    ├── SearchStopped         the search cannot go on for a cause no config changes (the
+    │                         no-speculation baseline failed, or consecutive trials at distinct
+    │                         configs failed the same way). Raised by `search`; the CLI prints
+    │                         `error: <message>` (one line, the server's own words) and exits 1;
+    │                         the trials table says why.
     ├── RunDirError           a run dir is missing, unreadable or holds no trials (also
     │                         ValueError). Raised by `report.data.read_run`; the report CLI
     │                         prints `error: ...` and exits 2; the search, whose tables are
@@ -89,3 +94,8 @@ class RunInUse(SpecTuneError):
     def __init__(self, pid: int) -> None:
         super().__init__(pid)
         self.pid = pid
+
+
+class SearchStopped(SpecTuneError):
+    """The search stops before its budget for a cause no config changes (the no-speculation
+    baseline failed). The message is one line with the server's own words; exit status 1."""

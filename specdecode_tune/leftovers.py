@@ -33,12 +33,12 @@ from typing import Any
 
 from . import procfs
 from .errors import RunInUse
-from .server import _write_json_atomic
+from .store.files import write_json
+from .store.rundir import driver_file
 
 log = logging.getLogger(__name__)
 
 RUN_TOKEN_ENV = "SPECDECODE_RUN_TOKEN"
-DRIVER_FILE = "driver.json"
 DRIVER_MARKER = "specdecode_tune.driver"
 KILL_WAIT_S = 5.0             # after SIGKILL, how long the kernel may take to finish them
 
@@ -129,7 +129,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 def reap_driver(directory: str | os.PathLike[str]) -> list[int]:
     """End what a dead driver of this run left (by its recorded token); returns the pids ended.
     Raises RunInUse when the recorded driver is alive."""
-    path = Path(directory) / DRIVER_FILE
+    path = driver_file(directory)
     record = _read(path)
     if record is None:
         return []
@@ -151,17 +151,17 @@ def reap_driver(directory: str | os.PathLike[str]) -> list[int]:
 
 def record_driver(directory: str | os.PathLike[str], token: str) -> Path:
     """Write this driver's record (pid, start time, host, boot, token) into `directory`."""
-    path = Path(directory) / DRIVER_FILE
-    _write_json_atomic(path, {"kind": DRIVER_MARKER, "pid": os.getpid(),
-                              "proc_start": procfs.start_ticks(os.getpid()),
-                              "host": socket.gethostname(), "boot_id": procfs.boot_id(),
-                              "token": token})
+    path = driver_file(directory)
+    write_json(path, {"kind": DRIVER_MARKER, "pid": os.getpid(),
+                      "proc_start": procfs.start_ticks(os.getpid()),
+                      "host": socket.gethostname(), "boot_id": procfs.boot_id(),
+                      "token": token})
     return path
 
 
 def forget_driver(directory: str | os.PathLike[str]) -> None:
     """Remove this driver's record at a clean exit (a record of another driver stays)."""
-    path = Path(directory) / DRIVER_FILE
+    path = driver_file(directory)
     record = _read(path)
     if record is not None and record.get("pid") == os.getpid():
         path.unlink(missing_ok=True)

@@ -1,7 +1,10 @@
 """Typed records of one measurement: request -> level summary -> trial result.
 
-These are the values passed between `load`, `trial` and `results`; `results` turns them into
-Arrow tables with explicit schemas. All times are seconds, measured with `time.perf_counter()`.
+The load generator makes the request records and level summaries, the backends the server's
+facts, the trial the result; `store` turns them into Arrow tables with explicit schemas, and
+the objective, the samplers and the report read them. This module imports nothing of the
+package, so every layer can use these types without importing the store (or pyarrow). All
+times are seconds, measured with `time.perf_counter()`.
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ cluster with logical GPUs, trials on GPU pairs, Optuna (plateau escape over TPE)
 points, the no-speculation baseline first, re-measurement of the best points, live progress,
 and at the end the best config against the baseline with the plateau verdicts.
 
-Layout of a run dir (`<storage>/<name>`): Tune's experiment state and searcher (Optuna study
-and sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `tables/`
-(Arrow/Parquet: requests, levels, trials), `logs/` (a server log per trial) and `pids/` (the
-servers' process groups, so that a resumed run ends orphans of a killed one).
+A run dir (`<storage>/<name>`) holds Tune's experiment state and searcher (Optuna study and
+sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `tables/`
+(Arrow/Parquet: requests, levels, trials), `logs/` (a server log per trial) and `logs/pids/`
+(the servers' process groups, so that a resumed run ends orphans of a killed one); the whole
+layout is `store.rundir`'s.
 
 Running the same command again resumes an interrupted search; `--fresh` moves the old run dir
 aside and starts over.
@@ -28,22 +29,39 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import results
 from .backends import get_backend, preflight
 from .config import SAMPLERS, Experiment, load_experiment
-from .errors import ConfigError
+from .errors import ConfigError, SearchStopped
+from .leftovers import (
+    RUN_TOKEN_ENV,
+    RunInUse,
+    end_driver_processes,
+    forget_driver,
+    reap_driver,
+    record_driver,
+)
 from .objective import pareto_values, pct, scalar_score
 from .records import LevelSummary, ServerFacts, TrialResult
 from .samplers.model import BASELINE_ATTR, baseline_attr, measured_attr
-from .searcher import JUMP_KEY, REPEAT_KEY, SAMPLER_KEY, RepeatingSearcher, SpecOptunaSearch
-from .leftovers import (RUN_TOKEN_ENV, RunInUse, end_driver_processes, forget_driver,
-                        reap_driver, record_driver)
+from .searcher import (
+    JUMP_KEY,
+    REPEAT_KEY,
+    SAMPLER_KEY,
+    FailureStreak,
+    RepeatingSearcher,
+    SpecOptunaSearch,
+)
 from .server import reap_orphans
 from .space import BASELINE, SHORT_NAMES, DefineByRun, resolve
+from .store import rundir
+from .store.codec import read_checkpoint, write_checkpoint
+from .store.files import filesystem, write_atomic
 from .trial import TrialContext, run_trial
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -182,14 +200,13 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
             raise ConfigError(f"--storage {storage!r}: not a storage URI pyarrow.fs "
                               f"understands ({str(e).splitlines()[0]})") from None
         run_dir = storage.rstrip("/") + "/" + name
-        local_dir = Path(tempfile.gettempdir()) / "specdecode_tune" / name
     else:
         target = Path(storage) / name
         if _writable_target(target) is None:
             raise ConfigError(f"--storage {storage!r}: not writable (the run dir "
                               f"{target} cannot be created there)")
         run_dir = str(target.absolute())
-        local_dir = target.absolute()
+    local_dir = rundir.local_dir(run_dir)
     _check_backend(exp)
     # local files only on a local cluster: a joined cluster's nodes have their own
     preflight(exp.backend, local=not args.address)
@@ -269,14 +286,6 @@ def _enqueued(trial: Any) -> bool:
 # The Tune trainable: one trial on its GPUs
 
 
-def _levels_to_json(levels: Sequence[LevelSummary]) -> str:
-    return json.dumps([results.level_to_dict(s) for s in levels])
-
-
-def _levels_from_json(text: str) -> list[LevelSummary]:
-    return [results.level_from_dict(d) for d in json.loads(text)]
-
-
 def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSummary]
              ) -> tuple[bool, Any]:
     """(feasible, score or list of values) of a finished trial."""
@@ -303,10 +312,9 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            done = _levels_from_json((Path(d) / "levels.json").read_text())
-            if (Path(d) / "facts.json").exists():
-                facts.append(results.facts_from_dict(
-                    json.loads((Path(d) / "facts.json").read_text())))
+            done, done_facts = read_checkpoint(d)
+            if done_facts is not None:
+                facts.append(done_facts)
     tok_s = Gauge("specdecode_output_tok_s", "output tokens/s of a trial at a level",
                   tag_keys=("trial_id", "level"))
     accept = Gauge("specdecode_accept_length", "acceptance length of a trial at a level",
@@ -320,15 +328,13 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
         if summary.accept_length is not None:
             accept.set(summary.accept_length, tags=tags)
         with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "levels.json").write_text(_levels_to_json(finished))
-            if facts:
-                (Path(d) / "facts.json").write_text(json.dumps(results.facts_to_dict(facts[-1])))
+            write_checkpoint(d, finished, facts[-1] if facts else None)
             tune.report({"level": summary.concurrency, "level_tok_s": summary.output_tok_s,
                          "level_accept": summary.accept_length,
                          "level_errors": summary.errors, "levels_done": len(finished)},
                         checkpoint=tune.Checkpoint.from_directory(d))
 
-    trial_ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs",
+    trial_ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
                              trial_id=trial_id, repeat=repeat)
 
     def scorer(result: TrialResult) -> dict[str, Any]:
@@ -510,7 +516,8 @@ def dashboard_lines(ctx: Any) -> list[str]:
 
 
 def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:
-    ctx = TrialContext(run_dir=run_dir, local_dir=Path(local_dir) / "logs", trial_id=BASELINE_ID)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
+                       trial_id=BASELINE_ID)
     return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline", "node_id": _node_id()},
                      scorer=lambda r: {"score": 0.0 if r.status == "ok" else None})
 
@@ -544,8 +551,11 @@ def run_baseline(plan: RunPlan) -> list[LevelSummary]:
                                                num_cpus=s.cpus_per_trial, max_retries=0)
     result: TrialResult = ray.get(task.remote(plan.exp, plan.run_dir, str(plan.local_dir)))
     if result.status != "ok":
-        raise RuntimeError(f"the no-speculation baseline did not run ({result.status}: "
-                           f"{result.reason}); fix the server settings first")
+        # Every score is relative to it, and what fails it (a workload the server refuses, a
+        # model it cannot load) fails every trial: stop before booting any. Its row in the
+        # trials table has the status and the reason.
+        raise SearchStopped(f"the no-speculation baseline {result.status}, so the search "
+                            f"stopped before any trial: {result.reason}")
     for lv in result.levels:
         _say(f"  baseline C={lv.concurrency:<3d} {lv.output_tok_s:8.1f} tok/s")
     return list(result.levels)
@@ -580,7 +590,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
     plan.local_dir.mkdir(parents=True, exist_ok=True)
-    journal = JournalStorage(JournalFileBackend(str(plan.local_dir / "optuna.journal")))
+    journal = JournalStorage(JournalFileBackend(str(rundir.journal_file(plan.local_dir))))
     pareto = exp.objective.kind == "pareto"
     metric: Any = list(exp.objective.metrics) if pareto else "score"
     mode: Any = _pareto_modes(exp) if pareto else "max"
@@ -593,6 +603,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
         request_tokens=request_tokens(exp)))
     if pareto:
+        optuna_search.streak = FailureStreak()    # RepeatingSearcher keeps it otherwise
         search_alg: Any = optuna_search
         num_samples = max_trials
     else:
@@ -645,17 +656,10 @@ def keep_experiment(plan: RunPlan) -> None:
     settings the run was started with, even if the original file changes."""
     import pyarrow.fs as pafs
 
-    fs, root = pafs.FileSystem.from_uri(plan.run_dir) if plan.is_uri else \
-        (pafs.LocalFileSystem(), plan.run_dir)
-    target = f"{root}/experiment.toml"
-    if fs.get_file_info(target).type != pafs.FileType.NotFound:
-        return
-    fs.create_dir(root, recursive=True)
-    data = Path(plan.exp.source).read_bytes()
-    tmp = f"{root}/.experiment.toml.tmp"
-    with fs.open_output_stream(tmp) as out:
-        out.write(data)
-    fs.move(tmp, target)
+    fs, root = filesystem(plan.run_dir)
+    target = rundir.experiment_file(root)
+    if fs.get_file_info(target).type == pafs.FileType.NotFound:
+        write_atomic(fs, target, Path(plan.exp.source).read_bytes())
 
 
 def _move_aside(plan: RunPlan) -> str | None:
@@ -672,6 +676,19 @@ def _move_aside(plan: RunPlan) -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Summary of a finished search
+
+
+def stopped_early(plan: RunPlan) -> str | None:
+    """Why the searcher stopped before its budget (searcher.FailureStreak: trials in a row at
+    distinct configs failing with the same reason), or None. The rule is replayed over the
+    trials table in the order the trials finished, so a resumed run that stops says so too."""
+    rows = [r for r in results.read_table(plan.run_dir, "trials").to_pylist()
+            if r["trial_id"] != BASELINE_ID]
+    rows.sort(key=lambda r: (r["finished_at"] is None, r["finished_at"]))
+    streak = FailureStreak()
+    for r in rows:
+        streak.observe(r["config_key"], r["status"], r["reason"])
+    return streak.tripped
 
 
 def trial_counts(plan: RunPlan) -> str:
@@ -754,7 +771,7 @@ def _main(argv: Sequence[str] | None) -> int:
     sampler = args.sampler or exp.search.sampler
     seed = exp.search.seed if args.seed is None else args.seed
     max_trials = args.max_trials or exp.search.max_trials
-    pids_dir = plan.local_dir / "logs" / "pids"
+    pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
     # What a killed driver of this run left: its servers (their pidfiles), then everything
     # else it started (Ray's agents and workers: by the token its processes inherited).
     try:
@@ -828,15 +845,25 @@ def _search(plan: RunPlan, args: argparse.Namespace, *, sampler: str, seed: int,
         return 2
     for line in dashboard_lines(ctx):
         _say(line)
-    baseline = run_baseline(plan) if exp.search.baseline else []
+    try:
+        baseline = run_baseline(plan) if exp.search.baseline else []
+    except SearchStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
     tuner.fit()
+    stopped = stopped_early(plan)
     _say("")
     _say(f"search finished in {time.monotonic() - t0:.0f}s")
+    if stopped:
+        _say(stopped)
     _say(trial_counts(plan))
     _report(plan)
-    _say(f"tables: {plan.run_dir}/tables (Parquet: requests, levels, trials); "
-         f"Optuna study: {plan.local_dir / 'optuna.journal'}")
+    _say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
+         f"Optuna study: {rundir.journal_file(plan.local_dir)}")
+    if stopped:
+        print(f"error: {stopped}; fix that, then start over with --fresh", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,10 @@ penalty and the noise band is measured, not assumed. Early in the search (after 
 budget) it re-measures the incumbent once, so the plateau detector works with a measured band.
 Repeats never reach Optuna (the study sees each configuration once). The whole state pickles
 into Tune's experiment dir, so an interrupted search resumes with it.
+
+Both stop the search early (`suggest` returns `Searcher.FINISHED`; trials already running
+finish) when trials keep failing for a reason no config changes (`FailureStreak`): a workload
+the server refuses, a model path that does not exist, a boot timeout too short for the model.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 from typing import Any
 
 from ray.tune.search import Searcher
@@ -33,17 +38,93 @@ SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enq
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
 
 
+# The stop rule: this many trials in a row, at distinct configs, failed with the same reason.
+FAILURE_STREAK = 3
+
+_NOISE = [  # what differs between two boots failing the same way: masked in a signature
+    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?"), "<time>"),
+    (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
+    (re.compile(r"\b((?:\d{1,3}\.){3}\d{1,3}|localhost|\[[0-9a-fA-F:]+\]):\d+"), r"\1:<port>"),
+    (re.compile(r"\b(pid|port)([ =:#]*)\d+", re.IGNORECASE), r"\1\2<n>"),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x<addr>"),
+]
+
+
+def failure_signature(reason: str) -> str:
+    """A failure reason with what changes from one boot to the next masked: whitespace runs,
+    timestamps, host:port, pids and ports, hex addresses. Every other number is kept: token
+    counts and the server's limits (a KV pool that grows with mem_fraction_static) tell
+    config-dependent failures apart."""
+    text = " ".join(reason.split())
+    for pattern, repl in _NOISE:
+        text = pattern.sub(repl, text)
+    return text
+
+
+class FailureStreak:
+    """Trials that keep failing for a reason no config changes: the search should stop.
+
+    The rule, over finished trials in the order they finish: when `limit` (FAILURE_STREAK)
+    trials in a row at distinct configs have status "failed" with the same `failure_signature`
+    of their reason, the cause is not the point (every request refused by the server, its
+    binary crashing at every boot) and booting more points would only spend GPU hours on it.
+    In the row:
+    - a trial that is "ok" ends the streak (some config serves), and so does a "failed" one
+      with another reason (it starts a new streak);
+    - a trial that never served, "infeasible" (the server refused that config at start-up:
+      OOM, KV memory; a property of the point) or "pruned" (never booted), is skipped: it says
+      nothing about the cause, and neither counts nor breaks the streak;
+    - a re-measurement of a config already in the streak keeps it but does not count twice.
+    Once tripped it stays tripped (`tripped` holds the one line that says why)."""
+
+    def __init__(self, limit: int = FAILURE_STREAK) -> None:
+        self.limit = limit
+        self.signature: str | None = None
+        self.reason = ""                      # the streak's first reason, as the trial gave it
+        self.configs: set[str] = set()
+        self.tripped: str | None = None
+
+    def observe(self, config_key: str, status: str | None, reason: str | None) -> None:
+        if self.tripped is not None or status in (None, "infeasible", "pruned"):
+            return
+        if status != "failed":
+            self.signature, self.reason, self.configs = None, "", set()
+            return
+        signature = failure_signature(reason or "")
+        if signature != self.signature:
+            self.signature, self.reason, self.configs = signature, reason or "", set()
+        self.configs.add(config_key)
+        if len(self.configs) >= self.limit:
+            n = len(self.configs)
+            self.tripped = (f"the search stopped early: {n} trials in a row, at {n} distinct "
+                            f"configs, failed with the same reason (a cause that does not "
+                            f"depend on the config): {self.reason}")
+
+
 def params_key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if not k.startswith("_")},
                       sort_keys=True, default=str)
 
 
 class SpecOptunaSearch(OptunaSearch):
-    """OptunaSearch where `result["feasible"] == False` becomes a violated constraint."""
+    """OptunaSearch where `result["feasible"] == False` becomes a violated constraint.
+
+    Used alone (Pareto objectives), it stops on a `FailureStreak` when given one (`streak`);
+    inside RepeatingSearcher the wrapper keeps the streak, since it sees every trial."""
+
+    streak: FailureStreak | None = None
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.streak is not None and self.streak.tripped:
+            return Searcher.FINISHED
+        return super().suggest(trial_id)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None,
                           error: bool = False) -> None:
         ot_trial = self._ot_trials.get(trial_id)
+        if self.streak is not None and ot_trial is not None and result is not None:
+            self.streak.observe(params_key(ot_trial.params), result.get("status"),
+                                result.get("reason"))
         if ot_trial is not None and result is not None and "feasible" in result:
             ot_trial.set_constraint("feasible", 0.0 if result["feasible"] else 1.0)
         if ot_trial is not None and result is not None and result.get("measured"):
@@ -86,6 +167,7 @@ class RepeatingSearcher(Searcher):
         # the same server twice. running trial id -> the proposals' Optuna ids.
         self.followers: dict[str, list[str]] = {}
         self.repeat_budget = (remeasure_top + 1) * max(repeats, 2)
+        self.streak = FailureStreak()
 
     # -- Tune's Searcher interface -------------------------------------------------------------
 
@@ -94,6 +176,9 @@ class RepeatingSearcher(Searcher):
         return self.inner.set_search_properties(metric, mode, config, **spec)
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        if self.streak.tripped:
+            # A cause no config changes: no more boots (re-measurements included).
+            return Searcher.FINISHED
         repeat = self._next_repeat()
         if repeat is not None:
             self.repeat_budget -= 1
@@ -146,6 +231,8 @@ class RepeatingSearcher(Searcher):
         key, n = self.live.pop(trial_id, (None, 0))
         if key is None:
             return
+        if result:
+            self.streak.observe(key, result.get("status"), result.get("reason"))
         if n == 0:
             self.inner.on_trial_complete(trial_id, result, error)
         for probe in self.followers.pop(trial_id, []):
@@ -174,6 +261,8 @@ class RepeatingSearcher(Searcher):
             saved = pickle.load(f)
         self.__dict__.update(saved["own"])
         self.inner.__dict__.update(saved["inner"])
+        if "streak" not in saved["own"]:          # saved before the stop rule existed
+            self.streak = FailureStreak()
         # Trials that were running when the driver died are re-run by Tune under the same id;
         # their bookkeeping stays in `live` so their completion is counted once.
 

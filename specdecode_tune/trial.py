@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import results, telemetry
-from .backends import get_backend, preflight, speccounters
+from .backends import get_backend, preflight
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
+from .store import rundir
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
 INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
@@ -108,10 +109,15 @@ def summary_key(s: LevelSummary) -> tuple[str, float]:
     return ("rate", float(s.rate)) if s.mode == "rate" else ("closed", float(s.concurrency))
 
 
-def api_headers(exp: Experiment) -> dict[str, str]:
-    """Authorization from the environment variable the experiment names; never stored."""
+def api_key(exp: Experiment) -> str:
+    """The API key from the environment variable the experiment names ('' without one)."""
     name = exp.backend.api_key_env
-    key = os.environ.get(name, "") if name else ""
+    return os.environ.get(name, "") if name else ""
+
+
+def api_headers(exp: Experiment) -> dict[str, str]:
+    """Authorization with the experiment's API key; never stored."""
+    key = api_key(exp)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -168,10 +174,11 @@ def run_trial(
     facts = ServerFacts()
     try:
         with ServerProcess(argv, env=env, host=exp.backend.host,
-                           health_path=backend.health_path, backend=backend,
-                           log_path=ctx.local_dir / f"{ctx.trial_id}.log",
+                          health_path=backend.health_path, backend=backend,
+                          secrets=[api_key(exp)],
+                          log_path=rundir.server_log(ctx.local_dir, ctx.trial_id),
                            boot_timeout_s=exp.backend.boot_timeout_s,
-                           pidfile=ctx.local_dir / "pids" / f"{ctx.trial_id}.json") as srv:
+                           pidfile=rundir.pidfile(ctx.local_dir, ctx.trial_id)) as srv:
             facts = backend.read_facts(srv.base_url)
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
@@ -195,7 +202,7 @@ def run_trial(
                 tele = sampler.cut()
                 summary = telemetry.merge_level(summary, tele)
                 left, waited = drain(
-                    lambda: speccounters.in_flight(srv.base_url, backend.busy_gauges),
+                    lambda: backend.in_flight(srv.base_url, api_headers(exp)),
                     min(DRAIN_S, exp.measure.request_timeout_s))
                 if left:
                     summary = dataclasses.replace(summary, note=(
@@ -331,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
     trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
                f"{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = TrialContext(run_dir=run_dir, local_dir=Path(run_dir) / "logs", trial_id=trial_id)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(run_dir), trial_id=trial_id)
     params = resolve(sampled, exp.backend.flags)
     print(f"trial {trial_id}: {json.dumps(params, sort_keys=True)}", flush=True)
 
@@ -349,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"server: max_total_num_tokens={facts.max_total_num_tokens} "
               f"max_running_requests={facts.max_running_requests} "
               f"gpus={','.join(facts.gpu_ids) or '-'}")
-        print(f"tables: {run_dir}/tables")
+        print(f"tables: {run_dir}/{rundir.TABLES_DIR}")
     return 0 if result.status in ("ok", "infeasible", "pruned") else 1
 
 

@@ -34,9 +34,6 @@ class Backend(Protocol):
     health_path: str
     # Sent on every load request (llama.cpp: "Connection: close", see its backend).
     request_headers: ClassVar[Mapping[str, str]]
-    # The /metrics gauges whose sum is the requests the server is running or queueing: a level
-    # ends by waiting for them to reach 0 (see `speccounters.in_flight`).
-    busy_gauges: ClassVar[tuple[str, ...]]
     # This engine's own log lines for a failed start (out of memory, KV pool too small, an
     # argument check); see `failurepatterns`.
     failure_patterns: ClassVar[FailurePatterns]
@@ -67,6 +64,13 @@ class Backend(Protocol):
 
     def program(self, cfg: BackendConfig) -> str:
         """The executable that argv starts (checked before a search starts anything)."""
+
+    def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
+                  timeout_s: float = 5.0) -> int | None:
+        """The requests the server is running or queueing now, or None where it cannot tell.
+        A level ends by waiting for 0 (the requests cut at its end go on in the server until it
+        sees the closed connection): the signal must be current, not a gauge of the last log
+        interval."""
 
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         """The server's speculative counters now (taken before and after a measurement

@@ -214,6 +214,12 @@ class LlamaCppBackend:
             extra=extra,
         )
 
+    def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
+                  timeout_s: float = 5.0) -> int | None:
+        # llama-server computes these from its slots when /metrics is asked (a metrics task on
+        # its queue), so they are current (the engine tests' drain holds it).
+        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

@@ -8,6 +8,7 @@ or fixed setting is passed as `--name-with-dashes value`, a true boolean as a ba
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import urllib.error
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
+from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from .failurepatterns import FailurePatterns
@@ -105,7 +107,6 @@ class SGLangBackend:
     name = "sglang"
     health_path = "/health"
     request_headers: ClassVar[Mapping[str, str]] = {}
-    busy_gauges: ClassVar[tuple[str, ...]] = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     stream_format: ClassVar[StreamFormat] = STREAM_FORMAT
     module = "sglang.launch_server"
@@ -132,14 +133,29 @@ class SGLangBackend:
         return args + list(cfg.extra_args)
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
-        return (self._head(cfg) + self.server_args(cfg, params)
+        return (self._head(cfg) + self.server_args(cfg, params) + self.key_args(cfg)
                 + ["--host", cfg.host, "--port", str(port)])
+
+    def key_args(self, cfg: BackendConfig) -> list[str]:
+        """The API key for the server: SGLang takes it only as `--api-key KEY` (no environment
+        form), so it is read from `backend.api_key_env` at boot. The trial masks it in the
+        server's log (SGLang logs its server_args), and no table or report holds argv; the
+        launch command names the variable instead."""
+        if not cfg.api_key_env:
+            return []
+        return ["--api-key", os.environ.get(cfg.api_key_env, "")]
+
+    def key_text(self, cfg: BackendConfig) -> str:
+        return f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
 
     def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
         return dict(cfg.env)
 
     def validate(self, cfg: BackendConfig) -> None:
-        return None
+        if "--api-key" in cfg.extra_args:
+            raise ConfigError("backend.extra_args: --api-key would put the key in the run's "
+                              "tables and report; export it and name the variable in "
+                              "backend.api_key_env instead")
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each
@@ -152,7 +168,7 @@ class SGLangBackend:
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
-        return shlex.join(head + self.server_args(cfg, params))
+        return shlex.join(head + self.server_args(cfg, params)) + self.key_text(cfg)
 
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         info: dict[str, Any] = {}
@@ -181,6 +197,26 @@ class SGLangBackend:
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
             extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
         )
+
+    def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
+                  timeout_s: float = 5.0) -> int | None:
+        # Not the gauges sglang:num_running_reqs / num_queue_reqs: SGLang writes them on a
+        # prefill, every 40th decode batch and after 30 s idle, so after a level's cut they keep
+        # their last value for up to 30 s. GET /get_load asks the scheduler now (0.5.10:
+        # http_server.py, scheduler_metrics_mixin.get_load): one item per DP rank, `num_reqs`
+        # = running + waiting. It needs the API key where one is set.
+        try:
+            ranks = get_json(f"{base_url}/get_load", timeout_s, headers)
+        except (OSError, ValueError):
+            return None
+        if isinstance(ranks, dict):
+            ranks = [ranks]
+        if not isinstance(ranks, list):
+            return None
+        counts = [r.get("num_reqs") for r in ranks if isinstance(r, dict)]
+        if not counts or not all(isinstance(n, int) for n in counts):
+            return None
+        return sum(counts)
 
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
@@ -215,7 +251,12 @@ class SimBackend(SGLangBackend):
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only
 
+    def key_args(self, cfg: BackendConfig) -> list[str]:
+        # The simulator also reads the key from a variable it is named (its own flag), so the
+        # key stays off its command line.
+        return ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []
+
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         # The simulator stands in for SGLang: the command to take away is SGLang's.
         return shlex.join(["python", "-m", "sglang.launch_server"]
-                          + SGLangBackend.server_args(self, cfg, params))
+                          + SGLangBackend.server_args(self, cfg, params)) + self.key_text(cfg)

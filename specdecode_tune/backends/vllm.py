@@ -183,6 +183,12 @@ class VLLMBackend:
             pass
         return ServerFacts(max_total_num_tokens=kv_tokens, extra=extra)
 
+    def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
+                  timeout_s: float = 5.0) -> int | None:
+        # vLLM sets these gauges from the scheduler's stats at every engine step, so they are
+        # current while it runs and 0 once it is idle (the engine tests' drain holds it).
+        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

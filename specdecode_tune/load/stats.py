@@ -124,8 +124,8 @@ def summarize(
 def level_failure(records: Sequence[RequestRecord]) -> str | None:
     """Why a level measured nothing, or None when it measured the server.
 
-    A level measures the server when at least one of its requests succeeded: it ended without
-    an error having had a token, or was still streaming when the level was cut. When none did,
+    A level measures the server when at least one of its requests succeeded: it got a token
+    and no error (it completed, or was still streaming when the level was cut). When none did,
     its figures (0 tok/s) say nothing about the server's speed, inside the window or out:
     - requests failed: the first failed request's words (by send time): its HTTP status and the
       server's own message where it gave one (`RequestRecord.error_detail`), else its error;

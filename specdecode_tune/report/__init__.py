@@ -20,14 +20,12 @@ escape in words), `recommend` (best config, command, schedule and its formats), 
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from ..config import Experiment
+from ..store.rundir import REPORT_DIR, report_dir
 from . import build, figures, recommend, render, verdicts
 from .data import RunData, RunDirError, read_run
-
-REPORT_DIR = "report"
 
 
 @dataclass(frozen=True)
@@ -45,10 +43,7 @@ class ReportOutput:
 def default_out_dir(run_dir: str) -> str:
     """`<run_dir>/report` for a local run dir; for a URI, a local folder named after it (the
     same temp folder the search keeps a URI run's logs in)."""
-    if "://" not in run_dir:
-        return os.path.join(os.path.abspath(run_dir), REPORT_DIR)
-    name = run_dir.rstrip("/").rsplit("/", 1)[-1] or "run"
-    return os.path.join(tempfile.gettempdir(), "specdecode_tune", name, REPORT_DIR)
+    return report_dir(run_dir)
 
 
 def write_report(run_dir: str, *, experiment: Experiment | None = None,

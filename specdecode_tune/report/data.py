@@ -1,6 +1,6 @@
 """A run dir read back for the report: trials, configurations, the baseline and the noise band.
 
-Everything here is computed from the run's tables (`results.read_tables`), not from the
+Everything here is computed from the run's tables (`store.read_tables`), not from the
 sampler's memory, so a report of a killed or resumed search says what was measured:
 
 - a *trial* is one server boot (a row of the trials table with its levels);
@@ -30,15 +30,16 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from .. import results
+from .. import store
 from ..config import Experiment, experiment_from_dict
 from ..errors import ConfigError, RunDirError
 from ..objective import Robust, noise_band, scalar_score
 from ..records import LevelSummary, ServerFacts
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
+from ..store.files import filesystem as _filesystem
+from ..store.rundir import EXPERIMENT_FILE, experiment_file
 
 BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
-EXPERIMENT_FILE = "experiment.toml"  # the search copies the experiment here
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
@@ -160,14 +161,6 @@ class RunData:
 # Reading
 
 
-def _filesystem(run_dir: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in run_dir:
-        fs, path = pafs.FileSystem.from_uri(run_dir)
-    else:
-        fs, path = pafs.LocalFileSystem(), os.path.abspath(run_dir)
-    return fs, path.rstrip("/") or "/"
-
-
 def check_run_dir(run_dir: str) -> None:
     """Raise RunDirError unless `run_dir` exists and is a directory."""
     try:
@@ -185,7 +178,7 @@ def check_run_dir(run_dir: str) -> None:
 def load_experiment_from_run(run_dir: str) -> tuple[Experiment | None, str]:
     """The experiment the search copied into the run dir, or (None, why not)."""
     fs, root = _filesystem(run_dir)
-    path = f"{root}/{EXPERIMENT_FILE}"
+    path = experiment_file(root)
     try:
         with fs.open_input_stream(path) as f:
             raw = f.read()
@@ -231,10 +224,10 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     note = ""
     if experiment is None:
         experiment, note = load_experiment_from_run(run_dir)
-    tables = results.read_tables(run_dir)
+    tables = store.read_tables(run_dir)
     if tables.trials.num_rows == 0:
         raise RunDirError(f"{run_dir}: no trials recorded (tables/trials is empty)")
-    levels_by = results.levels_by_trial(tables.levels)
+    levels_by = store.levels_by_trial(tables.levels)
     rows = tables.trials.to_pylist()
     # Completion order: finished_at where the search recorded it, else the table's order.
     rows = sorted(enumerate(rows), key=lambda ir: (

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from ..store.files import write_file
 
 
 @dataclass(frozen=True)
@@ -148,21 +148,6 @@ def to_html(blocks: Sequence[Block], images: Mapping[str, bytes], title: str) ->
 
 
 def write_atomic(path: str, data: bytes | str) -> str:
-    """Write `data` to `path` through a temporary file in the same folder and os.replace, so a
-    reader never sees half a report."""
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.chmod(tmp, 0o644)   # mkstemp makes it private; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Write `data` (str as UTF-8) to `path` atomically (`store.files`), so a reader never
+    sees half a report; returns `path`."""
+    return write_file(path, data)

@@ -13,11 +13,11 @@ from ..procfs import pid_running
 from .endpoint import pick_free_port
 from .failures import classify_failure
 from .groups import StopOutcome, kill_process_group, process_group_alive
-from .pidfiles import PIDFILE_MARKER, _write_json_atomic, reap_orphans
+from .pidfiles import PIDFILE_MARKER, reap_orphans
 from .process import CLASSIFY_TAIL_BYTES, ERROR_TAIL_BYTES, ServerProcess
 
 __all__ = [
     "CLASSIFY_TAIL_BYTES", "ERROR_TAIL_BYTES", "PIDFILE_MARKER", "ServerProcess", "StopOutcome",
-    "_write_json_atomic", "classify_failure", "kill_process_group", "pick_free_port",
+    "classify_failure", "kill_process_group", "pick_free_port",
     "pid_running", "process_group_alive", "reap_orphans",
 ]

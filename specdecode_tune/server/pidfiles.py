@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import procfs
+from ..store.files import write_json
 from .groups import group_members, kill_process_group
 
 log = logging.getLogger("specdecode_tune.server")   # one logger for the whole package
@@ -33,19 +34,9 @@ log = logging.getLogger("specdecode_tune.server")   # one logger for the whole p
 PIDFILE_MARKER = "specdecode_tune.server"
 
 
-def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_pidfile(path: Path, pid: int, argv0: str) -> None:
     """Record the group that `pid` leads (started as `argv0`) by this process, at `path`."""
-    _write_json_atomic(path, {
+    write_json(path, {
         "kind": PIDFILE_MARKER,
         "pid": pid,
         "pgid": pid,    # the server leads its own session, so its group id is its pid

@@ -48,13 +48,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, NoReturn, Self
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 from ..errors import ServerStartError
 from .endpoint import base_url, http_status, pick_free_port
 from .failures import classify_failure, clean_lines, short
 from .groups import StopOutcome, kill_process_group, signal_group
 from .pidfiles import write_pidfile
+from .redact import RedactingCopier
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -118,6 +119,7 @@ class ServerProcess:
         term_grace_s: float = 10.0,
         die_with_parent: bool = True,
         backend: Backend | None = None,
+        secrets: Sequence[str] = (),
     ) -> None:
         if isinstance(argv, (str, bytes)):
             raise ValueError(f"argv must be a list of arguments, not a shell string, "
@@ -147,6 +149,10 @@ class ServerProcess:
         self.pidfile = Path(pidfile) if pidfile is not None else None
         self.term_grace_s = float(term_grace_s)
         self.backend = backend
+        # Strings the log must never hold (an API key that SGLang takes only on its command
+        # line, and logs): with any, the server writes through a masking copier (redact.py).
+        self.secrets = tuple(s for s in secrets if s)
+        self._copier: RedactingCopier | None = None
 
         self.die_with_parent = die_with_parent and sys.platform.startswith("linux")
         self.port: int | None = None
@@ -245,9 +251,12 @@ class ServerProcess:
             argv = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         with open(self.log_path, "ab") as logf:
             self._log_offset = logf.seek(0, os.SEEK_END)
+            out: Any = logf
+            if self.secrets:
+                read_fd, out = os.pipe()
             try:
                 self._proc = subprocess.Popen(
-                    argv, env=env, stdin=subprocess.DEVNULL, stdout=logf,
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
             except FileNotFoundError as e:
                 raise ServerStartError(
@@ -257,6 +266,12 @@ class ServerProcess:
                 raise ServerStartError(
                     "missing_binary", f"{argv[0]!r} cannot be executed: {e.strerror}",
                     str(e)) from e
+            finally:
+                if self.secrets:
+                    os.close(out)     # the server holds the write end now
+            if self.secrets:
+                self._copier = RedactingCopier(read_fd, open(self.log_path, "ab"),  # noqa: SIM115 - the copier closes it
+                                               self.secrets)
         self._t0 = time.monotonic()
         # start_new_session makes the child a session and group leader: pgid == pid.
         self._pgid = self._proc.pid
@@ -320,6 +335,8 @@ class ServerProcess:
                 self._reap(1.0)
                 raise
             self._reap(1.0 if outcome != "stuck" else 0.0)
+            if self._copier is not None:
+                self._copier.join(2.0)    # the last lines reach the log before it is read
             self.stop_outcome = outcome
             if outcome != "stuck" and self.pidfile is not None:
                 self.pidfile.unlink(missing_ok=True)

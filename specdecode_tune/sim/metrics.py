@@ -75,10 +75,11 @@ def render(scheduler: Scheduler, model_name: str) -> str:
            c.requests_finished)
     sample("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.",
            c.requests_aborted)
+    # As in SGLang, these two are the last stats written, not the state now (see Scheduler).
     sample("sglang:num_running_reqs", "gauge", "The number of running requests.",
-           len(scheduler.running))
+           scheduler.stats_running)
     sample("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.",
-           len(scheduler.waiting))
+           scheduler.stats_queued)
     sample("sglang:token_usage", "gauge", "The token usage of the KV cache.", scheduler.token_usage)
     sample("sglang:gen_throughput", "gauge", "The generation throughput (token/s), last interval.",
            c.interval_gen_throughput)

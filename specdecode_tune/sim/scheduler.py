@@ -35,6 +35,7 @@ from specdecode_tune.sim.model import Facts, prefill_time, step_time
 from specdecode_tune.sim.profile import Profile
 
 DECODE_LOG_INTERVAL = 40   # decode iterations per "log interval" (SGLang's default)
+IDLE_STATS_S = 30.0        # an idle scheduler writes its stats this long after the last write
 VOCAB_SIZE = 151_936       # ids drawn for synthetic output; any id below it is valid
 EOS_TOKEN_ID = 151_645
 
@@ -115,6 +116,12 @@ class Scheduler:
         self.prefilling: list[SimRequest] = []   # admitted, in the current prefill iteration
         self.kv_reserved = 0
         self.counters = Counters()
+        # What /metrics shows as num_running_reqs / num_queue_reqs: SGLang writes these from
+        # its stats on each prefill batch, every DECODE_LOG_INTERVAL-th decode batch, and when
+        # idle for IDLE_STATS_S since the last write, so they lag; /get_load is current.
+        self.stats_running = 0
+        self.stats_queued = 0
+        self._stats_at = 0.0
         self._wake = asyncio.Event()
         self._closed = False
         self._frozen = False
@@ -208,7 +215,17 @@ class Scheduler:
                 await asyncio.Event().wait()     # until the task is cancelled at shutdown
             if not self.running and not self.waiting:
                 self._wake.clear()
-                await self._wake.wait()
+                # Idle: SGLang's idle self-check writes the stats once IDLE_STATS_S have passed
+                # since the last write.
+                wait_s = self._stats_at + IDLE_STATS_S - loop.time()
+                if wait_s <= 0 and (self.stats_running or self.stats_queued):
+                    self._write_stats(loop.time())
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait_s, 0.05)
+                                           if self.stats_running or self.stats_queued else None)
+                except TimeoutError:
+                    continue
                 next_t = loop.time()     # idle time is not owed to anyone
                 continue
             admitted = self.prefilling = self._admit()
@@ -226,6 +243,7 @@ class Scheduler:
             if admitted:
                 self._finish_prefill(admitted)
                 self.prefilling = []
+                self._write_stats(loop.time())
                 continue
             produced, verified = self._decode(batch)
             decode_iters += 1
@@ -233,11 +251,20 @@ class Scheduler:
             interval_verify += verified
             if decode_iters % DECODE_LOG_INTERVAL == 0:
                 now = loop.time()
+                self._write_stats(now)
                 c = self.counters
                 c.interval_gen_throughput = interval_tokens / max(now - interval_start, 1e-9)
                 c.interval_accept_length = (interval_tokens / interval_verify
                                             if interval_verify else 0.0)
                 interval_start, interval_tokens, interval_verify = now, 0, 0
+
+    def _write_stats(self, now: float) -> None:
+        self.stats_running, self.stats_queued = len(self.running), len(self.waiting)
+        self._stats_at = now
+
+    def load(self) -> int:
+        """Requests running or waiting now (what SGLang's /get_load asks the scheduler)."""
+        return len(self.running) + len(self.prefilling) + len(self.waiting)
 
     def _jitter(self) -> float:
         if self._sigma <= 0:

@@ -230,6 +230,13 @@ class Routes:
                                                  "running or waiting.")
         return web.Response(text="Cache flushed.\n")
 
+    async def get_load(self, request: web.Request) -> web.Response:
+        # SGLang 0.5.10's /get_load: one item per DP rank (one here), asked of the scheduler now.
+        sched = self._scheduler()
+        return web.json_response([{"dp_rank": 0, "num_reqs": sched.load(),
+                                   "num_waiting_reqs": len(sched.waiting),
+                                   "num_tokens": sched.kv_reserved}])
+
     async def metrics(self, request: web.Request) -> web.Response:
         name = self.sim.args["served_model_name"]
         text = metrics.render(self._scheduler(), name)
@@ -352,6 +359,7 @@ def make_app(sim: SimServer) -> web.Application:
     for path in ("/model_info", "/get_model_info"):
         app.router.add_get(path, routes.model_info)
     app.router.add_get("/v1/models", routes.models)
+    app.router.add_get("/get_load", routes.get_load)
     app.router.add_route("*", "/flush_cache", routes.flush_cache)
     app.router.add_post("/generate", routes.generate)
     app.router.add_post("/v1/completions", routes.completions)

@@ -266,3 +266,69 @@ def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
     finally:
         if second.poll() is None:
             second.kill()
+
+
+# --- a cause no config changes stops the search --------------------------------------------
+
+CONTEXT_REFUSAL = "Requested token count exceeds the model's maximum context length of 262144"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+def boots(run_dir: Path) -> list[str]:
+    """The trials that started a server: each boot leaves its log."""
+    return sorted(p.stem for p in (run_dir / "logs").glob("*.log"))
+
+
+def test_a_baseline_whose_requests_all_fail_stops_the_search_with_the_servers_words(
+        tmp_path: Path, test_env: dict) -> None:
+    """An output far beyond the model's context: the server refuses every request of the
+    baseline. The search stops there: one error line with the server's own message, exit 1,
+    the baseline's row failed with that reason, no trial booted."""
+    text = (DATA / "sim-small.toml").read_text().replace("output_len = 512",
+                                                         "output_len = 300000", 1)
+    exp = tmp_path / "too-long.toml"
+    exp.write_text(text)
+    out = subprocess.run(search_cmd(exp, tmp_path / "runs"), cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env=test_env)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    (line,) = error_lines(out.stderr)
+    assert line.startswith("error: the no-speculation baseline failed, so the search stopped "
+                           "before any trial: no request succeeded at C=1: error event in an "
+                           f"http 200 stream: {CONTEXT_REFUSAL}"), line
+    assert "Traceback" not in out.stderr
+    run_dir = tmp_path / "runs" / "sim-small"
+    (row,) = trials_rows(run_dir)
+    assert (row["trial_id"], row["status"]) == ("baseline", "failed")
+    assert line.endswith(row["reason"]) and CONTEXT_REFUSAL in row["reason"]
+    assert boots(run_dir) == ["baseline"]
+    assert "  start  " not in out.stdout
+
+
+def test_trials_failing_the_same_way_stop_the_search_early(tmp_path: Path,
+                                                           test_env: dict) -> None:
+    """Every speculative boot crashes the same way (the baseline does not): after 3 such
+    trials in a row the searcher asks for no more; the trials already running finish. The
+    summary and one error line say why, exit 1; 4 boots at most out of a budget of 8."""
+    text = (DATA / "sim-small.toml").read_text().replace(
+        "[backend.flags]", 'extra_args = ["--fault", "crash-at-start@steps>=1"]\n\n'
+        "[backend.flags]", 1)
+    exp = tmp_path / "crashing.toml"
+    exp.write_text(text)
+    out = subprocess.run(search_cmd(exp, tmp_path / "runs", "--max-trials", "8"), cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=test_env)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    stop = ("the search stopped early: 3 trials in a row, at 3 distinct configs, failed with "
+            "the same reason (a cause that does not depend on the config): crashed: exit code "
+            "1: RuntimeError: NCCL error in: init.cpp:94")
+    (line,) = error_lines(out.stderr)
+    assert line.startswith(f"error: {stop}") and line.endswith("start over with --fresh"), line
+    assert any(s.startswith(stop) for s in out.stdout.splitlines())    # the summary says so
+    run_dir = tmp_path / "runs" / "sim-small"
+    trials = [r for r in trials_rows(run_dir) if r["trial_id"] != "baseline"]
+    assert all(r["status"] == "failed" for r in trials)
+    # 3 in a row stop it; one more may have been running then (2 at a time): 3 or 4 of 8.
+    assert 3 <= len(trials) <= 4, [r["trial_id"] for r in trials]
+    assert boots(run_dir) == sorted(["baseline", *(r["trial_id"] for r in trials)])

@@ -372,3 +372,36 @@ def test_reap_orphans_on_a_missing_dir(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_secrets_never_reach_the_servers_log(tmp_path: Path) -> None:
+    """SGLang takes its API key only on its command line and logs its server_args with it;
+    a server started with secrets writes its log through a copier that masks them."""
+    key = "sk-" + "7f3a9c" * 6
+    log_path = tmp_path / "server.log"
+    with ServerProcess(fake("--healthy-after", "0.1",
+                            "--log", f"server_args=ServerArgs(api_key='{key}', port=1)",
+                            "--log", f"again {key}{key} and done"),
+                       log_path=log_path, boot_timeout_s=10, secrets=[key]) as srv:
+        assert srv.pid is not None
+    text = log_path.read_text()
+    assert key not in text and key[:-1] not in text
+    assert "server_args=ServerArgs(api_key='***', port=1)" in text
+    assert "again ****** and done" in text
+
+
+def test_the_masking_copier_catches_a_secret_split_between_reads(tmp_path: Path) -> None:
+    import os
+
+    from specdecode_tune.server.redact import RedactingCopier
+
+    key = "secret-value-123"
+    out = tmp_path / "log"
+    r, w = os.pipe()
+    copier = RedactingCopier(r, open(out, "ab"), [key])  # noqa: SIM115 - the copier closes it
+    for part in (b"start secret-va", b"lue-123 mid secre", b"t-value-123", b" end\n"):
+        os.write(w, part)
+        time.sleep(0.05)            # separate reads on the copier's side
+    os.close(w)
+    copier.join(5.0)
+    assert out.read_bytes() == b"start *** mid *** end\n"

@@ -308,8 +308,8 @@ def test_client_disconnects_free_slots_and_kv() -> None:
             # cancelled after 0.3 s: 12 running and 8 still queued at that moment
             tasks = [asyncio.create_task(one(s, base, 10**6)) for _ in range(20)]
             await asyncio.sleep(0.3)
-            # what a trial's drain reads: running + queued, from SGLang's gauges
-            busy.append(await asyncio.to_thread(in_flight, base, SimBackend.busy_gauges))
+            # what a trial's drain reads: running + queued, from SGLang's /get_load
+            busy.append(await asyncio.to_thread(SimBackend().in_flight, base))
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -317,7 +317,7 @@ def test_client_disconnects_free_slots_and_kv() -> None:
     busy: list[int | None] = []
     with run_sim(*SPEC4, *FAST) as (base, proc):
         asyncio.run(go(base))
-        left, waited = drain(lambda: in_flight(base, SimBackend.busy_gauges), 5.0)
+        left, waited = drain(lambda: SimBackend().in_flight(base), 5.0)
         assert busy == [20]
         assert left == 0, f"aborted requests still hold slots after {waited:.1f} s"
         assert _metric(base, "sglang:token_usage") == 0.0
@@ -386,3 +386,34 @@ def test_sigterm_during_boot() -> None:
         t0 = time.monotonic()
         assert stop(proc) == 0
         assert time.monotonic() - t0 < 3
+
+
+def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag() -> None:
+    """SGLang's num_running_reqs / num_queue_reqs are the last stats it wrote (each prefill,
+    every 40th decode batch, 30 s after going idle): after a level's requests are cut they keep
+    their value. The drain asks /get_load, which is current: it ends within 2 s of the cut."""
+    body = {"text": "w " * 100, "stream": True,
+            "sampling_params": {"max_new_tokens": 5000, "temperature": 0, "ignore_eos": True}}
+
+    async def cut_level(base: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            async def one() -> None:
+                async with s.post(base + "/generate", json=body) as r:
+                    async for _ in r.content:
+                        pass
+            tasks = [asyncio.create_task(one()) for _ in range(8)]
+            await asyncio.sleep(1.0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    with run_sim(*SPEC4, *FAST) as (base, proc):
+        asyncio.run(cut_level(base))
+        t_cut = time.monotonic()
+        left, waited = drain(lambda: SimBackend().in_flight(base), 5.0)
+        drained_in = time.monotonic() - t_cut
+        gauges = in_flight(base, ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
+        assert left == 0 and drained_in < 2.0, (left, drained_in)
+        # The gauges still say what the last stats said: a drain on them would wait ~30 s.
+        assert gauges is not None and gauges > 0, gauges
+        assert proc.poll() is None

@@ -133,8 +133,8 @@ def test_an_error_event_keeps_the_servers_whole_message_as_its_detail() -> None:
 
 @pytest.mark.parametrize("body, words", [
     # SGLang's OpenAI endpoints (and vLLM's): the message at the top level
-    (b'{"object":"error","message":"Requested token count exceeds","type":"BadRequestError",'
-     b'"param":null,"code":400}', "Requested token count exceeds"),
+    ((b'{"object":"error","message":"Requested token count exceeds","type":"BadRequestError",'
+      b'"param":null,"code":400}'), "Requested token count exceeds"),
     # SGLang's native endpoints: under "error"
     (b'{"error":{"message":"The input (300000 tokens) is longer"}}',
      "The input (300000 tokens) is longer"),

@@ -233,13 +233,14 @@ def test_leftover_temp_files_are_invisible(tmp_path: Path) -> None:
 KILLED_WRITER = """
 import os, signal, sys
 from specdecode_tune import results
+from specdecode_tune.store import files
 from tests.unit.test_results import PARAMS, level, request
-real_fsync = results._fsync
+real_fsync = files._fsync
 def die_before_rename(path, directory=False):
     if not directory and ".tmp-" in path:
         os.kill(os.getpid(), signal.SIGKILL)   # the temp file is complete, the rename not done
     real_fsync(path, directory)
-results._fsync = die_before_rename
+files._fsync = die_before_rename
 results.write_level(sys.argv[1], "t0001", level(8, output_tok_s=999.0),
                     [request(i) for i in range(9)], params=PARAMS, repeat=0)
 """

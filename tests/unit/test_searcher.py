@@ -9,7 +9,14 @@ import pickle
 import optuna
 from ray.tune.search import Searcher
 
-from specdecode_tune.searcher import REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
+from specdecode_tune.searcher import (
+    FAILURE_STREAK,
+    REPEAT_KEY,
+    FailureStreak,
+    RepeatingSearcher,
+    SpecOptunaSearch,
+    failure_signature,
+)
 from specdecode_tune.space import DefineByRun, ParamSpec
 
 
@@ -136,3 +143,94 @@ def test_a_one_point_space_remeasures_the_running_point_instead_of_waiting() -> 
     assert list(searcher.scores.values()) == [[score(first)["score"]] * 2]
     # Every proposal that waited on t0 was answered with t0's figure.
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in searcher.inner.study().trials)
+
+
+# --- trials failing for a reason no config changes stop the search ---------------------------
+
+REFUSED = ("no request succeeded at C=1: http 400: Requested token count exceeds the model's "
+           "maximum context length of 262144 tokens.")
+
+
+def failing(config: dict) -> dict:
+    """What the trainable reports when the server refused every request of the first level."""
+    return {"feasible": False, "score": -5.0, "status": "failed", "reason": REFUSED}
+
+
+def test_trials_failing_the_same_way_stop_the_search_after_the_streak() -> None:
+    searcher = make(max_trials=20)
+    ran = []
+    for i in range(50):
+        config = searcher.suggest(f"t{i}")
+        if config == Searcher.FINISHED:
+            break
+        ran.append(config)
+        searcher.on_trial_complete(f"t{i}", failing(config))
+    assert len(ran) == FAILURE_STREAK == 3            # 3 boots, not the budget of 20
+    assert len({c["speculative_num_steps"] for c in ran}) == 3
+    assert searcher.streak.tripped == (
+        "the search stopped early: 3 trials in a row, at 3 distinct configs, failed with the "
+        f"same reason (a cause that does not depend on the config): {REFUSED}")
+    assert searcher.suggest("t-after") == Searcher.FINISHED       # and stays stopped
+
+
+def test_the_stop_survives_pickling() -> None:
+    searcher = make(max_trials=20)
+    for i in range(2):
+        config = searcher.suggest(f"t{i}")
+        searcher.on_trial_complete(f"t{i}", failing(config))
+    restored = pickle.loads(pickle.dumps(searcher))
+    config = restored.suggest("t2")
+    restored.on_trial_complete("t2", failing(config))
+    assert restored.suggest("t3") == Searcher.FINISHED
+
+
+def test_the_streak_counts_distinct_configs_failing_alike_and_nothing_else() -> None:
+    s = FailureStreak()
+    s.observe("a", "failed", REFUSED)
+    s.observe("b", "infeasible", "oom: CUDA out of memory")   # a property of the point: skipped
+    s.observe("a", "failed", REFUSED)                         # a repeat: counted once
+    s.observe("c", "pruned", "steps * topk + 1 < draft tokens")
+    assert s.tripped is None and s.configs == {"a"}
+    s.observe("d", "failed", REFUSED.replace("  ", " "))       # whitespace does not matter
+    assert s.tripped is None
+    s.observe("e", "failed", REFUSED)
+    assert s.tripped is not None and REFUSED in s.tripped
+
+
+def test_a_success_or_another_reason_ends_the_streak() -> None:
+    s = FailureStreak()
+    for key, status, reason in [("a", "failed", REFUSED), ("b", "failed", REFUSED),
+                                ("c", "ok", ""),                      # some config serves
+                                ("d", "failed", REFUSED), ("e", "failed", "timeout: boot"),
+                                ("f", "failed", REFUSED), ("g", "failed", REFUSED),
+                                ("h", None, None)]:                   # a trial that raised
+        s.observe(key, status, reason)
+    assert s.tripped is None and s.configs == {"f", "g"}
+
+
+def test_the_signature_masks_what_changes_between_boots_but_not_the_servers_limits() -> None:
+    a = "crashed: [2026-01-02 12:00:01,123] bind 127.0.0.1:34567 failed (pid 4242, 0xdeadbeef)"
+    b = "crashed: [2026-01-02 12:07:55,999] bind 127.0.0.1:40001 failed (pid 5151, 0xcafe)"
+    assert failure_signature(a) == failure_signature(b)
+    # A KV pool that depends on mem_fraction_static: config-dependent, never alike.
+    kv = "no request succeeded at C=1: http 400: input (256) + max_new_tokens (200000) " \
+         "exceeds the KV cache capacity ({} tokens)."
+    assert failure_signature(kv.format(137064)) != failure_signature(kv.format(180112))
+
+
+def test_a_pareto_search_stops_on_the_streak_too() -> None:
+    space = (ParamSpec("speculative_num_steps", "int", 1, 12),)
+    search = SpecOptunaSearch(space=DefineByRun(space, {}), metric=["a", "b"],
+                              mode=["max", "min"], sampler=optuna.samplers.RandomSampler(seed=1),
+                              seed=1)
+    search.streak = FailureStreak()
+    seen = []
+    for i in range(10):
+        config = search.suggest(f"t{i}")
+        if config == Searcher.FINISHED:
+            break
+        seen.append(config["speculative_num_steps"])
+        search.on_trial_complete(f"t{i}", {"a": 0.0, "b": 1e9, "feasible": False,
+                                           "status": "failed", "reason": REFUSED})
+    assert search.streak.tripped is not None
+    assert len(set(seen)) == 3 and len(seen) <= 6   # random proposals may repeat a point

@@ -173,3 +173,27 @@ def test_servers_bind_loopback_unless_the_experiment_says_otherwise(kind: str) -
 def test_a_shell_string_is_refused() -> None:
     with pytest.raises(ValueError, match="not a shell string"):
         ServerProcess("python -m specdecode_tune.sim --port {port}")
+
+
+def test_sglang_gets_its_key_on_argv_and_the_launch_command_names_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang has no environment form of --api-key (server_args.py 0.5.10): argv carries the
+    key at boot; the report's launch command names the variable, never the key."""
+    from specdecode_tune.errors import ConfigError
+
+    key = "sk-test-" + uuid.uuid4().hex
+    monkeypatch.setenv(KEY_VAR, key)
+    cfg = BackendConfig(kind="sglang", model_path="Qwen/Qwen3.5-122B-A10B",
+                        api_key_env=KEY_VAR)
+    sglang = BACKENDS["sglang"]
+    argv = sglang.argv(cfg, {"speculative_num_steps": 0}, 8000)
+    assert argv[argv.index("--api-key") + 1] == key
+    cmd = sglang.launch_command(cfg, {"speculative_num_steps": 0})
+    assert key not in cmd and cmd.endswith(f'--api-key "${KEY_VAR}"')
+    # The simulator is named the variable instead (its own flag): no key on its command line.
+    sim_argv = BACKENDS["sim"].argv(BackendConfig(kind="sim", model_path="m",
+                                                  api_key_env=KEY_VAR), {}, 8000)
+    assert key not in " ".join(sim_argv) and "--api-key-env" in sim_argv
+    with pytest.raises(ConfigError, match="backend.api_key_env instead"):
+        sglang.validate(BackendConfig(kind="sglang", model_path="m",
+                                      extra_args=("--api-key", key)))
