@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import results
-from .backends import get_backend, preflight
+from .backends import check_args, get_backend, preflight
 from .config import SAMPLERS, Experiment, load_experiment
 from .errors import ConfigError, SearchStopped
 from .leftovers import (
@@ -144,35 +144,6 @@ def _check_module(exp: Experiment) -> None:
                               f"it or set backend.binary")
 
 
-def _check_sim(exp: Experiment) -> None:
-    """What the simulator would refuse at every boot: its profile, its flags (extra_args and
-    fixed flags included), an API-key variable it cannot read. Checked on the baseline's
-    command line, in-process, with the simulator's own parser and argument rules."""
-    from .sim.__main__ import build_parser, server_args
-    from .sim.model import StartupError, normalize_params
-    from .sim.profile import DEFAULT_PROFILE, load_profile
-
-    argv = get_backend("sim").argv(exp.backend, resolve(BASELINE, exp.backend.flags), 0)[3:]
-    parser = build_parser()
-    parser.exit_on_error = False
-    try:
-        ns, unknown = parser.parse_known_args(argv)
-    except argparse.ArgumentError as e:
-        raise ConfigError(f"backend: the simulator refuses its arguments: {e}") from None
-    if unknown:
-        raise ConfigError(f"backend: the simulator does not know the argument(s) "
-                          f"{' '.join(unknown)} (from backend.flags or backend.extra_args)")
-    profile = load_profile(ns.profile or DEFAULT_PROFILE)
-    try:
-        normalize_params(profile, server_args(ns, profile.model_path))
-    except StartupError as e:
-        raise ConfigError(f"backend: the simulator refuses its arguments: "
-                          f"{e.message.removeprefix('error: ')}") from None
-    if ns.api_key_env is not None and not os.environ.get(ns.api_key_env):
-        raise ConfigError(f"backend.extra_args: --api-key-env {ns.api_key_env}: that "
-                          f"environment variable is not set or empty")
-
-
 def _check_resources(exp: Experiment) -> None:
     """On a local cluster a trial that asks for more than the cluster has would wait forever."""
     c, s = exp.cluster, exp.search
@@ -214,8 +185,9 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     if name_var and not os.environ.get(name_var):
         raise ConfigError(f"backend.api_key_env = {name_var!r}: that environment variable is "
                           f"not set or empty (export the API key in it)")
-    if exp.backend.kind == "sim":
-        _check_sim(exp)
+    # What the server would refuse at every boot, where its backend can tell without a boot
+    # (the simulator: its flags, extra_args and fixed flags included, through its own CLI).
+    check_args(exp.backend, resolve(BASELINE, exp.backend.flags))
     if args.address:
         _check_address(args.address)
     else:
