@@ -62,7 +62,7 @@ from .space import BASELINE, SHORT_NAMES, DefineByRun, resolve
 from .store import rundir
 from .store.codec import read_checkpoint, write_checkpoint
 from .store.files import filesystem, write_atomic
-from .trial import TrialContext, run_trial
+from .trial import TrialContext, record_trial, run_trial
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
 # Where the default experiment lives when the command runs outside the project's root.
@@ -309,18 +309,16 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     trial_ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
                              trial_id=trial_id, repeat=repeat)
 
-    def scorer(result: TrialResult) -> dict[str, Any]:
-        feasible, value = score_of(exp, result, baseline)
-        return {"score": value if isinstance(value, float) else None}
-
+    started_at = time.time()
     result = run_trial(exp, sampled, trial_ctx, done_levels=done,
                        done_facts=facts[-1] if facts else None, on_facts=facts.append,
-                       on_level=on_level,
-                       extra={"jump_reason": config.get(JUMP_KEY),
-                              "sampler": config.get(SAMPLER_KEY, exp.search.sampler),
-                              "node_id": _node_id()},
-                       scorer=scorer)
+                       on_level=on_level, record=False)
     feasible, value = score_of(exp, result, baseline)
+    # The trials table's score: the scalar score (None for Pareto objectives and failures).
+    record_trial(trial_ctx, result, started_at=started_at, extra={
+        "score": value if isinstance(value, float) else None,
+        "jump_reason": config.get(JUMP_KEY),
+        "sampler": config.get(SAMPLER_KEY, exp.search.sampler), "node_id": _node_id()})
     final: dict[str, Any] = {"feasible": feasible, "status": result.status,
                              "reason": result.reason, "levels_done": len(result.levels),
                              "repeat": repeat}
@@ -490,8 +488,13 @@ def dashboard_lines(ctx: Any) -> list[str]:
 def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:
     ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),
                        trial_id=BASELINE_ID)
-    return run_trial(exp, dict(BASELINE), ctx, extra={"sampler": "baseline", "node_id": _node_id()},
-                     scorer=lambda r: {"score": 0.0 if r.status == "ok" else None})
+    started_at = time.time()
+    result = run_trial(exp, dict(BASELINE), ctx, record=False)
+    # Every score is relative to it: its own is 0.
+    record_trial(ctx, result, started_at=started_at, extra={
+        "score": 0.0 if result.status == "ok" else None, "sampler": "baseline",
+        "node_id": _node_id()})
+    return result
 
 
 def _node_id() -> str | None:
