@@ -126,14 +126,14 @@ def run_trial(
     on_facts: Callable[[ServerFacts], None] | None = None,
     on_level: LevelCallback | None = None,
     extra: Mapping[str, Any] | None = None,
-    record: bool = True,
+    write_row: bool = True,
 ) -> TrialResult:
     """Boot, read the server's facts, warm up, measure each level not in `done_levels`, write
     the tables, tear down. Expected failures are results, never exceptions.
 
     A resumed trial passes the levels (and facts) its checkpoint holds; `on_facts` and
     `on_level` let the caller checkpoint them. `extra` holds columns of the trial's row the
-    result does not (TRIAL_EXTRA_KEYS). With `record=False` the row is the caller's to write
+    result does not (TRIAL_EXTRA_KEYS). With `write_row=False` the row is the caller's to write
     (`record_trial`), with what it computes from the result (the search: the score)."""
     t0 = time.monotonic()
     started_at = time.time()
@@ -146,7 +146,7 @@ def run_trial(
             facts=facts or ServerFacts(), levels=tuple(finished),
             wall_s=time.monotonic() - t0, repeat=ctx.repeat,
             suspect=any(s.suspect for s in finished))
-        if record:
+        if write_row:
             record_trial(ctx, result, started_at=started_at, extra=extra)
         return result
 
