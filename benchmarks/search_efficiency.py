@@ -11,7 +11,7 @@ seeds that get there within the budget. The optimum is exhaustive `predict` over
 The setting is the default experiment (`experiments/sim-default.toml`): its space, fixed flags,
 concurrency levels, weights, workload and noise band; the profile replaces the experiment's.
 
-Samplers, as `search.make_sampler` builds them (same seeds, same TPE settings):
+Samplers, built by the search's own `make_sampler` (same seeds, same TPE settings):
 - random; tpe; plateau (plateau escape over TPE); model (model-guided over TPE);
 - grid: the full grid in the order SGLang's `scripts/playground/bench_speculative.py` runs it
   (for each steps, for each topk, for each num_draft_tokens; skipping
@@ -58,11 +58,11 @@ from specdecode_tune.samplers.model import (
     BASELINE_ATTR,
     MEASURED_ATTR,
     NOISE_BAND_ATTR,
-    ModelGuidedSampler,
     baseline_attr,
     measured_attr,
 )
-from specdecode_tune.samplers.plateau import PlateauEscapeSampler
+from specdecode_tune.search.sampler_factory import make_sampler
+from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
 from specdecode_tune.sim.model import Facts, Workload, predict, startup
 from specdecode_tune.sim.profile import Profile, load_profile
 from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, resolve
@@ -72,8 +72,6 @@ EXPERIMENT = ROOT / "experiments" / "sim-default.toml"
 PROFILES = ("seed-qwen35-122b", "bench-two-regime", "bench-tile-shelves", "bench-noisy")
 SAMPLERS = ("random", "grid", "tpe", "plateau", "model")
 TARGET = math.log(0.98)          # within 2% of the optimum's (weighted geometric) speedup
-INFEASIBLE_SCORE = -5.0          # what the search tells Optuna for a refused boot
-MAX_DUPLICATES = 25              # as RepeatingSearcher
 TWO_REGIME_BUDGET = 25           # the issue's target: second regime within 25 trials
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -253,25 +251,11 @@ def noise_band(truth: Truth) -> float:
 # ---------------------------------------------------------------------------------- one search
 
 
-def make_sampler(name: str, truth: Truth, seed: int) -> optuna.samplers.BaseSampler:
-    exp = truth.exp
-    tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(6, exp.search.max_trials))
-    if name == "tpe":
-        return tpe
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "plateau":
-        return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
-    if name == "model":
-        return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
-
-
 def run_search(truth: Truth, sampler_name: str, seed: int, budget: int) -> list[float]:
     """The true score of each boot, in order."""
     exp = truth.exp
     study = optuna.create_study(direction="maximize",
-                                sampler=make_sampler(sampler_name, truth, seed))
+                                sampler=make_sampler(sampler_name, exp, seed))
     base = measured_baseline(truth, seed)
     study.set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=[{"concurrency": c, "output_tok_s": v} for c, v in base.items()],

@@ -2,9 +2,9 @@
 
 The flow is one-way: config -> search -> trial -> (backends, server, load, telemetry) -> results
 -> report. The simulator (`specdecode_tune.sim`) is a separate server process that a trial boots
-exactly as it boots SGLang. Only the search's pre-flight (which checks the simulator's
-arguments with its own parser before anything starts) and the search-efficiency benchmark
-(which calls its `predict`) import it; no sampler does.
+exactly as it boots SGLang. Only the sim backend (which reads its profile before anything
+starts) and the search-efficiency benchmark (which calls its `predict`) import it; the search's
+pre-flight runs its command line (`--check-args`), and no sampler imports it.
 
 This module is the package's face, for use from Python:
 

@@ -131,14 +131,15 @@ def run_trial(
     on_facts: Callable[[ServerFacts], None] | None = None,
     on_level: LevelCallback | None = None,
     extra: Mapping[str, Any] | None = None,
-    scorer: Callable[[TrialResult], Mapping[str, Any]] | None = None,
+    write_row: bool = True,
 ) -> TrialResult:
     """Boot, read the server's facts, warm up, measure each level not in `done_levels`, write
     the tables, tear down. Expected failures are results, never exceptions.
 
     A resumed trial passes the levels (and facts) its checkpoint holds; `on_facts` and
-    `on_level` let the caller checkpoint them. `scorer(result)` may add columns (the search's
-    score) to the trial's row."""
+    `on_level` let the caller checkpoint them. `extra` holds columns of the trial's row the
+    result does not (TRIAL_EXTRA_KEYS). With `write_row=False` the row is the caller's to write
+    (`record_trial`), with what it computes from the result (the search: the score)."""
     t0 = time.monotonic()
     started_at = time.time()
     params = resolve(sampled, exp.backend.flags)
@@ -150,11 +151,8 @@ def run_trial(
             facts=facts or ServerFacts(), levels=tuple(finished),
             wall_s=time.monotonic() - t0, repeat=ctx.repeat,
             suspect=any(s.suspect for s in finished))
-        columns = {"node": socket.gethostname(), "started_at": started_at,
-                   "finished_at": time.time(), **(extra or {})}
-        if scorer is not None:
-            columns.update(scorer(result))
-        results.write_trial(ctx.run_dir, result, extra=columns)
+        if write_row:
+            record_trial(ctx, result, started_at=started_at, extra=extra)
         return result
 
     bad = invalid_reason(params)
@@ -270,6 +268,15 @@ def run_trial(
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
     return finish("ok", "", facts)
+
+
+def record_trial(ctx: TrialContext, result: TrialResult, *, started_at: float,
+                 extra: Mapping[str, Any] | None = None) -> None:
+    """The trial's row in the trials table: the result, where and when it ran (`started_at`,
+    epoch seconds; finished now), and the caller's `extra` columns."""
+    columns = {"node": socket.gethostname(), "started_at": started_at,
+               "finished_at": time.time(), **(extra or {})}
+    results.write_trial(ctx.run_dir, result, extra=columns)
 
 
 def _last_line(text: str) -> str:

@@ -8,12 +8,17 @@ classifier applies), and what its streamed requests carry beyond the OpenAI form
 `BACKENDS` maps the experiment's `backend.kind` to an implementation; `ANY_ENGINE_FAILURES` is
 every engine's failure lines together, for a log of unknown origin, and `ANY_ENGINE_STREAM`
 every engine's stream fields, for a load run not told its engine.
+
+Before a search starts anything it runs `preflight` (the backend's `validate` and the local
+files it names) and `check_args` on the baseline's command line: a backend that can tell
+without a boot whether its server would refuse a command line implements `ChecksArgs` (only
+the simulator can: it runs its own CLI with `--check-args`, see `simargs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..config import BackendConfig
 from ..records import ServerFacts
@@ -83,6 +88,14 @@ class Backend(Protocol):
         (None, ()) when the counters cannot say."""
 
 
+@runtime_checkable
+class ChecksArgs(Protocol):
+    """A backend that can tell, without booting, that its server would refuse a command line."""
+
+    def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
+        """Raise ConfigError (one line) where every boot with `argv` would fail."""
+
+
 BACKENDS: dict[str, Backend] = {
     "sglang": SGLangBackend(),
     "sim": SimBackend(),
@@ -102,6 +115,14 @@ def preflight(cfg: BackendConfig, *, local: bool = True) -> None:
     backend.validate(cfg)
     if local:
         files.check(backend.local_files(cfg))
+
+
+def check_args(cfg: BackendConfig, params: Mapping[str, Any]) -> None:
+    """ConfigError, one line, where the server would refuse its command line for the resolved
+    `params` at every boot, for a backend that can tell without a boot (`ChecksArgs`)."""
+    backend = get_backend(cfg.kind)
+    if isinstance(backend, ChecksArgs):
+        backend.check_args(cfg, backend.argv(cfg, params, 0))
 
 
 def get_backend(kind: str) -> Backend:

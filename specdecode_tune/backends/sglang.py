@@ -13,13 +13,14 @@ import shlex
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
+from . import simargs
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
@@ -247,6 +248,10 @@ class SimBackend(SGLangBackend):
         """The profile every boot would load: missing, unreadable, not TOML, bad values."""
         from ..sim.profile import DEFAULT_PROFILE, load_profile
         load_profile(cfg.profile or DEFAULT_PROFILE)
+
+    def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
+        """What every boot would refuse: the simulator's CLI says (`simargs`)."""
+        simargs.check(self.module, argv[len(self._head(cfg)):])
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only

@@ -8,6 +8,15 @@ Behaves as SGLang at start-up: bad arguments exit 2 at once (argparse style); me
 ("Not enough memory", "CUDA out of memory") exit 1 after part of the boot time, as SGLang fails
 after loading weights. The port is bound at once and answers 503 until the boot time has
 passed. SIGTERM or SIGINT stops it within a fraction of a second. All logs go to stderr.
+
+`--check-args` parses and validates the other arguments exactly as a boot would (the parser,
+the profile, the argument rules, the API-key variable) and starts nothing: it exits 0, or 2
+with one line on stderr, `error: MESSAGE`, where MESSAGE is one of
+    the simulator does not know the argument(s) ARGS
+    the simulator refuses its arguments: WHY
+    --api-key-env NAME: that environment variable is not set or empty
+    WHY the profile cannot be loaded, in the profile reader's words
+The search's pre-flight runs it (through the sim backend) and relies on these forms.
 """
 
 from __future__ import annotations
@@ -19,21 +28,26 @@ import os
 import random
 import signal
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from aiohttp import web
 
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.sim.faults import FaultInjector, parse_fault, parse_faults
 from specdecode_tune.sim.model import StartupError, normalize_params
-from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
+from specdecode_tune.sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from specdecode_tune.sim.server import InjectedCrash, SimServer, make_app
 
 log = logging.getLogger("specdecode_tune.sim")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+CHECK_FLAG = "--check-args"
+
+
+def build_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
+                 ) -> argparse.ArgumentParser:
+    p = cls(
         prog="python -m specdecode_tune.sim",
         description="A simulated SGLang server (speculative decoding performance model; no GPU, "
                     "no model).",
@@ -74,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "drop-midway:P, slowdown-after:S:F, optionally @NAME>=VALUE "
                         "(see specdecode_tune/sim/faults.py)")
     p.add_argument("--fault-seed", type=int, default=0, help="seed of the random fault choices")
+    p.add_argument(CHECK_FLAG, action="store_true",
+                   help="validate the arguments as a boot would and start nothing: exit 0, or 2 "
+                        "with one line 'error: ...' on stderr")
     return p
 
 
@@ -87,7 +104,7 @@ def _fault_arg(text: str) -> str:
 
 # Flags of the simulator itself: not server args, never reported by /server_info.
 _OWN_FLAGS = ("profile", "boot_time", "noise_seed", "log_level", "api_key", "api_key_env", "fault",
-              "fault_seed")
+              "fault_seed", "check_args")
 
 
 def server_args(ns: argparse.Namespace, model_path: str) -> dict[str, Any]:
@@ -143,43 +160,101 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="[%(asctime)s] %(levelname)s %(message)s")
-    ns = build_parser().parse_args(argv)        # exits 2 on bad flags
+class Refused(Exception):
+    """What a boot refuses before it binds its port. `why` in the simulator's words; `line` is
+    what a boot prints and `code` its exit status; `kind`: "args", "profile" or "api_key_env"."""
+
+    def __init__(self, kind: str, why: str, line: str | None = None, code: int = 2) -> None:
+        super().__init__(why)
+        self.kind = kind
+        self.why = why
+        self.line = f"error: {why}" if line is None else line
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A boot's validated arguments."""
+
+    profile: Profile
+    args: dict[str, Any]                # as SGLang names them
+    normalized: dict[str, Any]
+    warnings: tuple[str, ...]
+    boot_s: float
+    api_key: str | None
+
+
+def validate(ns: argparse.Namespace) -> Launch:
+    """The parsed arguments checked as a boot checks them, in its order; raises Refused."""
     try:
         profile = load_profile(ns.profile)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise Refused("profile", str(e)) from None
     args = server_args(ns, profile.model_path)
     try:
         normalized, warnings = normalize_params(profile, args)
     except StartupError as e:
-        print(e.message, file=sys.stderr)
-        return e.exit_code
-    for w in warnings:
-        log.warning(w)
+        raise Refused("args", e.message.removeprefix("error: "), line=e.message,
+                      code=e.exit_code) from None
     boot = profile.boot.seconds if ns.boot_time is None else ns.boot_time
     if boot < 0:
-        print(f"error: --boot-time = {boot}: must be >= 0", file=sys.stderr)
-        return 2
+        raise Refused("args", f"--boot-time = {boot}: must be >= 0")
     if ns.api_key is not None and ns.api_key_env is not None:
-        print("error: give --api-key or --api-key-env, not both", file=sys.stderr)
-        return 2
+        raise Refused("args", "give --api-key or --api-key-env, not both")
     api_key = ns.api_key
     if ns.api_key_env is not None:
         api_key = os.environ.get(ns.api_key_env, "")
         if not api_key:
-            print(f"error: --api-key-env {ns.api_key_env}: that environment variable is not set "
-                  f"or empty", file=sys.stderr)
+            raise Refused("api_key_env", f"--api-key-env {ns.api_key_env}: that environment "
+                                         f"variable is not set or empty")
+    return Launch(profile, args, normalized, warnings, boot, api_key)
+
+
+class _CheckingParser(argparse.ArgumentParser):
+    """argparse's error() prints the usage and exits; the check mode reports it as one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise Refused("args", message)
+
+
+def check_args(argv: list[str]) -> str | None:
+    """What a boot with `argv` would refuse, as the check mode's one MESSAGE (the module
+    docstring lists its forms), or None when it would start."""
+    try:
+        ns, unknown = build_parser(_CheckingParser).parse_known_args(argv)
+        if unknown:
+            return f"the simulator does not know the argument(s) {' '.join(unknown)}"
+        validate(ns)
+    except Refused as r:
+        return r.why if r.kind != "args" else f"the simulator refuses its arguments: {r.why}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if CHECK_FLAG in argv:
+        problem = check_args(argv)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
             return 2
-    faults = FaultInjector(parse_faults([*profile.faults, *ns.fault]), normalized, ns.fault_seed)
+        return 0
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s] %(levelname)s %(message)s")
+    ns = build_parser().parse_args(argv)        # exits 2 on bad flags
+    try:
+        launch = validate(ns)
+    except Refused as r:
+        print(r.line, file=sys.stderr)
+        return r.code
+    for w in launch.warnings:
+        log.warning(w)
+    faults = FaultInjector(parse_faults([*launch.profile.faults, *ns.fault]), launch.normalized,
+                           ns.fault_seed)
     if faults:
         log.warning("fault injection on: %s", ", ".join(faults.describe()))
-    sim = SimServer(profile, args, boot, ns.noise_seed, faults=faults, api_key=api_key)
+    sim = SimServer(launch.profile, launch.args, launch.boot_s, ns.noise_seed, faults=faults,
+                    api_key=launch.api_key)
     return asyncio.run(serve(sim, ns.host, ns.port))
-
 
 if __name__ == "__main__":
     sys.exit(main())

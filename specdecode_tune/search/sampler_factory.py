@@ -1,0 +1,36 @@
+"""The one factory of the search's Optuna samplers, by the name `search.sampler` or `--sampler`
+gives (`config.SAMPLERS`): `tpe`, `random`, `nsga2` (Optuna's), `plateau` (plateau escape over
+TPE, the default) and `model` (model-guided over TPE). The search-efficiency benchmark builds
+its samplers here too, so that it measures the ones a search runs.
+
+TPE starts with min(6, max_trials) random trials; NSGA-II's population is max_trials / 2,
+clamped to [4, 20]. Every sampler is seeded with the run's seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import SAMPLERS, Experiment
+from ..errors import ConfigError
+
+
+def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
+    import optuna
+
+    # Constraint-aware: a config the server refused counts as infeasible, not as a bad score.
+    tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(6, exp.search.max_trials))
+    if name == "tpe":
+        return tpe
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(
+            4, min(20, exp.search.max_trials // 2)))
+    if name == "plateau":
+        from ..samplers import PlateauEscapeSampler
+        return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
+    if name == "model":
+        from ..samplers import ModelGuidedSampler
+        return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed)
+    raise ConfigError(f"--sampler {name!r}: must be one of {', '.join(SAMPLERS)}")

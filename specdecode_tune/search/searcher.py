@@ -1,0 +1,359 @@
+"""The Ray Tune searcher: Optuna proposes, this decides what runs next.
+
+`SpecOptunaSearch` is Ray's OptunaSearch with the one thing it lacks for servers: a config the
+server refuses is told to Optuna as a violated constraint (`trial.set_constraint`), not as a
+failed trial, so constraint-aware samplers learn where the feasible region ends.
+
+`RepeatingSearcher` wraps it and spends part of the budget on re-measuring: the incumbent is
+measured `repeats` times and the runners-up twice, so that scores are medians with a MAD
+penalty and the noise band is measured, not assumed. Early in the search (after a third of the
+budget) it re-measures the incumbent once, so the plateau detector works with a measured band.
+Repeats never reach Optuna (the study sees each configuration once). The whole state pickles
+into Tune's experiment dir, so an interrupted search resumes with it.
+
+Both stop the search early (`suggest` returns `Searcher.FINISHED`; trials already running
+finish) when trials keep failing for a reason no config changes (`FailureStreak`): a workload
+the server refuses, a model path that does not exist, a boot timeout too short for the model.
+
+`ProposalSpace` is the define-by-run space handed to OptunaSearch: it adds to each proposed
+config what proposed it (`SAMPLER_KEY`, `JUMP_KEY`).
+
+The contract with the trainable is the config keys below (`REPEAT_KEY`, `JUMP_KEY`,
+`SAMPLER_KEY`) and the final result's keys: the metric ("score", or one per Pareto metric),
+"feasible", "status", "reason" and `MEASURED_KEY` (what the trial measured, as JSON text,
+handed to Optuna as the trial's "measured" attr for the samplers).
+
+This is the one module that touches Ray Tune's and OptunaSearch's internals: OptunaSearch
+keeps its Optuna trials by Tune trial id in `_ot_trials` and its study in `_ot_study`, with no
+public access to either; re-keying a probe's trial, setting constraints and attrs, and
+answering a proposal from data all need them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import re
+from typing import Any
+
+from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
+
+from ..objective import Robust, noise_band
+from ..space import DefineByRun
+
+__all__ = [
+    "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES", "MEASURED_KEY",
+    "REPEAT_KEY", "SAMPLER_KEY", "FailureStreak", "ProposalSpace", "RepeatingSearcher",
+    "SpecOptunaSearch", "failure_signature", "params_key",
+]
+
+log = logging.getLogger(__name__)
+
+REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
+JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
+SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
+                                # experiment's own point)
+MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
+MEASURED_KEY = "measured"       # final result key: what the trial measured, as JSON text (a
+                                # dict would be flattened by Tune)
+INFEASIBLE_SCORE = -5.0         # told to Optuna with a violated constraint: never the best
+
+
+# The stop rule: this many trials in a row, at distinct configs, failed with the same reason.
+FAILURE_STREAK = 3
+
+_NOISE = [  # what differs between two boots failing the same way: masked in a signature
+    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?"), "<time>"),
+    (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
+    (re.compile(r"\b((?:\d{1,3}\.){3}\d{1,3}|localhost|\[[0-9a-fA-F:]+\]):\d+"), r"\1:<port>"),
+    (re.compile(r"\b(pid|port)([ =:#]*)\d+", re.IGNORECASE), r"\1\2<n>"),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x<addr>"),
+]
+
+
+def failure_signature(reason: str) -> str:
+    """A failure reason with what changes from one boot to the next masked: whitespace runs,
+    timestamps, host:port, pids and ports, hex addresses. Every other number is kept: token
+    counts and the server's limits (a KV pool that grows with mem_fraction_static) tell
+    config-dependent failures apart."""
+    text = " ".join(reason.split())
+    for pattern, repl in _NOISE:
+        text = pattern.sub(repl, text)
+    return text
+
+
+class FailureStreak:
+    """Trials that keep failing for a reason no config changes: the search should stop.
+
+    The rule, over finished trials in the order they finish: when `limit` (FAILURE_STREAK)
+    trials in a row at distinct configs have status "failed" with the same `failure_signature`
+    of their reason, the cause is not the point (every request refused by the server, its
+    binary crashing at every boot) and booting more points would only spend GPU hours on it.
+    In the row:
+    - a trial that is "ok" ends the streak (some config serves), and so does a "failed" one
+      with another reason (it starts a new streak);
+    - a trial that never served, "infeasible" (the server refused that config at start-up:
+      OOM, KV memory; a property of the point) or "pruned" (never booted), is skipped: it says
+      nothing about the cause, and neither counts nor breaks the streak;
+    - a re-measurement of a config already in the streak keeps it but does not count twice.
+    Once tripped it stays tripped (`tripped` holds the one line that says why)."""
+
+    def __init__(self, limit: int = FAILURE_STREAK) -> None:
+        self.limit = limit
+        self.signature: str | None = None
+        self.reason = ""                      # the streak's first reason, as the trial gave it
+        self.configs: set[str] = set()
+        self.tripped: str | None = None
+
+    def observe(self, config_key: str, status: str | None, reason: str | None) -> None:
+        if self.tripped is not None or status in (None, "infeasible", "pruned"):
+            return
+        if status != "failed":
+            self.signature, self.reason, self.configs = None, "", set()
+            return
+        signature = failure_signature(reason or "")
+        if signature != self.signature:
+            self.signature, self.reason, self.configs = signature, reason or "", set()
+        self.configs.add(config_key)
+        if len(self.configs) >= self.limit:
+            n = len(self.configs)
+            self.tripped = (f"the search stopped early: {n} trials in a row, at {n} distinct "
+                            f"configs, failed with the same reason (a cause that does not "
+                            f"depend on the config): {self.reason}")
+
+
+def params_key(config: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if not k.startswith("_")},
+                      sort_keys=True, default=str)
+
+
+class ProposalSpace(DefineByRun):
+    """The define-by-run space, adding to the trial's config, for the tables and progress, what
+    proposed the point: the sampler that ran (`enqueued` for the experiment's own points) and
+    the plateau sampler's reason. Pickled with the searcher, so a resumed search records the
+    sampler it runs."""
+
+    def __init__(self, space: Any, fixed: Any, sampler: str) -> None:
+        super().__init__(space, fixed)
+        self.sampler = sampler
+
+    def __call__(self, trial: Any) -> dict[str, Any] | None:
+        constants = super().__call__(trial) or {}
+        reason = trial.user_attrs.get("jump_reason")
+        if reason:
+            constants[JUMP_KEY] = reason
+        constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
+        return constants
+
+
+def _enqueued(trial: Any) -> bool:
+    """Whether Optuna took this trial's parameters from `enqueue_trial` (its `fixed_params`
+    system attribute), read through the public FrozenTrial."""
+    from optuna.trial import TrialState
+
+    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number == trial.number:
+            return "fixed_params" in t.system_attrs
+    return False
+
+
+class SpecOptunaSearch(OptunaSearch):
+    """OptunaSearch where `result["feasible"] == False` becomes a violated constraint.
+
+    Used alone (Pareto objectives), it stops on a `FailureStreak` when given one (`streak`);
+    inside RepeatingSearcher the wrapper keeps the streak, since it sees every trial."""
+
+    streak: FailureStreak | None = None
+
+    def suggest(  # type: ignore[override]  # returns Searcher.FINISHED, a str: Ray omits it
+            self, trial_id: str) -> dict | str | None:
+        if self.streak is not None and self.streak.tripped:
+            return Searcher.FINISHED
+        return super().suggest(trial_id)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        ot_trial = self._ot_trials.get(trial_id)
+        if self.streak is not None and ot_trial is not None and result is not None:
+            self.streak.observe(params_key(ot_trial.params), result.get("status"),
+                                result.get("reason"))
+        if ot_trial is not None and result is not None and "feasible" in result:
+            ot_trial.set_constraint("feasible", 0.0 if result["feasible"] else 1.0)
+        if ot_trial is not None and result is not None and result.get(MEASURED_KEY):
+            # What the trial measured, for samplers that learn from more than the score.
+            ot_trial.set_user_attr("measured", json.loads(result[MEASURED_KEY]))
+        super().on_trial_complete(trial_id, result, error)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        # Per-level progress carries no objective value; the final result is told on completion.
+        return
+
+    def study(self) -> Any:
+        return self._ot_study
+
+
+class RepeatingSearcher(Searcher):
+    """Explore `max_trials` points through Optuna, interleave re-measurements, then finish."""
+
+    def __init__(self, inner: SpecOptunaSearch, *, max_trials: int, repeats: int,
+                 remeasure_top: int, default_band: float,
+                 infeasible_score: float = INFEASIBLE_SCORE, metric: str = "score",
+                 mode: str = "max") -> None:
+        super().__init__(metric=metric, mode=mode)
+        self.inner = inner
+        self.max_trials = max_trials
+        self.repeats = repeats
+        self.remeasure_top = remeasure_top
+        self.default_band = default_band
+        self.explored = 0
+        self.live: dict[str, tuple[str, int]] = {}       # trial id -> (params key, repeat)
+        self.configs: dict[str, dict[str, Any]] = {}      # params key -> config
+        self.scores: dict[str, list[float]] = {}          # params key -> feasible scores
+        self.band = default_band
+        self.early_repeat_done = False
+        self.infeasible: set[str] = set()                 # params keys the server refused
+        self.infeasible_score = infeasible_score
+        self.duplicates = 0                               # proposals not booted again
+        # Optuna may propose a point that another trial is measuring right now (two pairs, one
+        # best guess): that proposal waits for the running trial's answer instead of booting
+        # the same server twice. running trial id -> the proposals' Optuna ids.
+        self.followers: dict[str, list[str]] = {}
+        self.repeat_budget = (remeasure_top + 1) * max(repeats, 2)
+        self.streak = FailureStreak()
+
+    # -- Tune's Searcher interface -------------------------------------------------------------
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
+                              **spec: Any) -> bool:
+        return self.inner.set_search_properties(metric, mode, config, **spec)
+
+    def suggest(  # type: ignore[override]  # returns Searcher.FINISHED, a str: Ray omits it
+            self, trial_id: str) -> dict | str | None:
+        if self.streak.tripped:
+            # A cause no config changes: no more boots (re-measurements included).
+            return Searcher.FINISHED
+        repeat = self._next_repeat()
+        if repeat is not None:
+            self.repeat_budget -= 1
+            return self._repeat(trial_id, *repeat)
+        if self.explored >= self.max_trials:
+            return None if self.live else Searcher.FINISHED
+        # A boot costs minutes: a point already measured is answered from the measurements
+        # (told to Optuna at once), a point being measured now waits for that trial's answer,
+        # and Optuna is asked again. After MAX_DUPLICATES such answers in a row the space is
+        # taken as exhausted: the point runs as a re-measurement.
+        for attempt in range(MAX_DUPLICATES):
+            # Every proposal gets its own id: one answered from data is completed under it.
+            probe = f"{trial_id}~{attempt}"
+            proposal = self.inner.suggest(probe)
+            if not isinstance(proposal, dict):      # None (wait) or Searcher.FINISHED
+                return proposal
+            config: dict[str, Any] = proposal
+            key = params_key(config)
+            known = self.scores.get(key)
+            running = self._running_trial(key)
+            if not known and key not in self.infeasible and running is not None:
+                self.followers.setdefault(running, []).append(probe)
+                self.duplicates += 1
+                continue
+            if not known and key not in self.infeasible:
+                # Tune's trial id owns the Optuna trial from here on.
+                self.inner._ot_trials[trial_id] = self.inner._ot_trials.pop(probe)
+                self.explored += 1
+                self.configs.setdefault(key, config)
+                self.live[trial_id] = (key, 0)
+                return config
+            answer = ({self.metric: Robust.of(known).median, "feasible": True} if known
+                      else {self.metric: self.infeasible_score, "feasible": False})
+            self.inner.on_trial_complete(probe, answer)
+            self.duplicates += 1
+        self.explored += 1
+        self.configs.setdefault(key, config)
+        return self._repeat(trial_id, key, len(self.scores.get(key, [])) + self._pending(key))
+
+    def _repeat(self, trial_id: str, key: str, n: int) -> dict:
+        self.live[trial_id] = (key, n)
+        return {**self.configs[key], REPEAT_KEY: n}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        # Per-level results are progress, not intermediate values of the objective: nothing
+        # prunes a server mid-trial, so Optuna hears only the final result.
+        return
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None,
+                          error: bool = False) -> None:
+        key, n = self.live.pop(trial_id, (None, 0))
+        if key is None:
+            return
+        if result:
+            self.streak.observe(key, result.get("status"), result.get("reason"))
+        if n == 0:
+            self.inner.on_trial_complete(trial_id, result, error)
+        for probe in self.followers.pop(trial_id, []):
+            # The same point's answer, without what it measured: the measurements are the
+            # running trial's, and samplers that learn from them must not count them twice.
+            same = None if not result else {k: result[k] for k in (self.metric, "feasible")
+                                             if k in result}
+            self.inner.on_trial_complete(probe, same, error)
+        if result and result.get("feasible") and result.get(self.metric) is not None:
+            self.scores.setdefault(key, []).append(float(result[self.metric]))
+        elif result and result.get("feasible") is False:
+            self.infeasible.add(key)
+        self.band = noise_band(self.scores.values(), self.default_band)
+        try:
+            self.inner.study().set_user_attr("noise_band", self.band)
+        except Exception:  # the band is advice to the sampler, never fatal
+            log.debug("could not store the noise band in the study", exc_info=True)
+
+    def save(self, checkpoint_path: str) -> None:
+        state = {k: v for k, v in self.__dict__.items() if k != "inner"}
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({"own": state, "inner": self.inner.__dict__.copy()}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            saved = pickle.load(f)
+        self.__dict__.update(saved["own"])
+        self.inner.__dict__.update(saved["inner"])
+        if "streak" not in saved["own"]:          # saved before the stop rule existed
+            self.streak = FailureStreak()
+        # Trials that were running when the driver died are re-run by Tune under the same id;
+        # their bookkeeping stays in `live` so their completion is counted once.
+
+    # -- what to re-measure --------------------------------------------------------------------
+
+    def ranking(self) -> list[tuple[str, Robust]]:
+        ranked = [(k, Robust.of(v)) for k, v in self.scores.items() if v]
+        sign = 1.0 if self.mode == "max" else -1.0
+        return sorted(ranked, key=lambda kv: sign * kv[1].score, reverse=True)
+
+    def _running_trial(self, key: str) -> str | None:
+        """The trial measuring `key` now (an exploration before a re-measurement), if any."""
+        running = [(n, tid) for tid, (k, n) in self.live.items() if k == key]
+        return min(running)[1] if running else None
+
+    def _pending(self, key: str) -> int:
+        return sum(1 for k, _ in self.live.values() if k == key)
+
+    def _next_repeat(self) -> tuple[str, int] | None:
+        if self.repeat_budget <= 0:
+            return None
+        ranked = self.ranking()
+        if not ranked:
+            return None
+        if self.explored < self.max_trials:
+            # One early repeat of the incumbent, so the noise band is measured mid-search.
+            if self.early_repeat_done or self.explored < max(3, self.max_trials // 3):
+                return None
+            self.early_repeat_done = True
+            targets = [(ranked[0][0], 2)]
+        else:
+            targets = [(ranked[0][0], self.repeats)]
+            targets += [(k, 2) for k, _ in ranked[1:1 + self.remeasure_top]]
+        for key, wanted in targets:
+            have = len(self.scores.get(key, [])) + self._pending(key)
+            if have < wanted:
+                return key, have
+        return None

@@ -1,0 +1,71 @@
+"""The closing lines of a finished search: how long it took, why it stopped early if it did,
+the trials by status, the best config against the baseline per level with the plateau verdicts
+(the report's own lines: one computation for both), and where the tables and the study are.
+
+Everything here is read back from the run dir's tables, so a resumed run's summary counts the
+trials of every driver that ran it.
+"""
+
+from __future__ import annotations
+
+from ..store import read_table, rundir
+from .baseline import BASELINE_ID
+from .preflight import RunPlan
+from .progress import say
+from .searcher import FailureStreak
+
+
+def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
+    """Print the closing lines; returns why the search stopped early, or None."""
+    stopped = stopped_early(plan)
+    say("")
+    say(f"search finished in {elapsed_s:.0f}s")
+    if stopped:
+        say(stopped)
+    say(trial_counts(plan))
+    report(plan)
+    say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
+        f"Optuna study: {rundir.journal_file(plan.local_dir)}")
+    return stopped
+
+
+def stopped_early(plan: RunPlan) -> str | None:
+    """Why the searcher stopped before its budget (searcher.FailureStreak: trials in a row at
+    distinct configs failing with the same reason), or None. The rule is replayed over the
+    trials table in the order the trials finished, so a resumed run that stops says so too."""
+    rows = [r for r in read_table(plan.run_dir, "trials").to_pylist()
+            if r["trial_id"] != BASELINE_ID]
+    rows.sort(key=lambda r: (r["finished_at"] is None, r["finished_at"]))
+    streak = FailureStreak()
+    for r in rows:
+        streak.observe(r["config_key"], r["status"], r["reason"])
+    return streak.tripped
+
+
+def trial_counts(plan: RunPlan) -> str:
+    """One line counting the trials by status (the trials table only: the requests table, a
+    row per request, is not needed here)."""
+    trials = [r for r in read_table(plan.run_dir, "trials").to_pylist()
+              if r["trial_id"] != BASELINE_ID]
+    keys = {r["config_key"] for r in trials}
+    n = {s: sum(1 for r in trials if r["status"] == s) for s in ("ok", "infeasible")}
+    other = len(trials) - n["ok"] - n["infeasible"]
+    return (f"trials: {len(trials)} measured ({n['ok']} ok, {n['infeasible']} infeasible, "
+            f"{other} failed/pruned), {len(keys)} distinct configs")
+
+
+def report(plan: RunPlan) -> None:
+    """Write the run's report and print its best-config lines (or why there is none)."""
+    from ..report import RunDirError, write_report
+
+    try:
+        out = write_report(plan.run_dir)
+    except RunDirError as e:
+        # The tables are written; a report that cannot be made must not hide them.
+        say("no feasible configuration was measured")
+        say(f"report: not written ({e})")
+        return
+    # The best config's figures are the report's (one computation for both).
+    for line in out.best_lines + out.summary_lines:
+        say(line)
+    say(f"report: {out.path} (and report.html beside it)")
