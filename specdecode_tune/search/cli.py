@@ -200,7 +200,12 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
         print(f"error: {e}", file=sys.stderr)
         return 1
     tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
-    tuner.fit()
+    grid = tuner.fit()
+    # A Ctrl-C during fit is caught by Tune, which saves its state, marks the running trials
+    # TERMINATED and returns: a trial without its final result (every finished trial reports
+    # "feasible") was cut. It is an interruption, not a finished search.
+    if any(r.error is None and "feasible" not in (r.metrics or {}) for r in grid):
+        raise KeyboardInterrupt
     stopped = print_summary(plan, time.monotonic() - t0)
     if stopped:
         print(f"error: {stopped}; fix that, then start over with --fresh", file=sys.stderr)
