@@ -10,4 +10,3 @@ that use it (`results.read_tables`, `results.write_level`, `results.write_trial`
 from __future__ import annotations
 
 from .store import *  # noqa: F403 - a facade: every name of store.__all__, no list kept twice
-from .store import __all__

@@ -13,8 +13,9 @@ Values come from, in order: the searched parameters, the backend's fixed flags, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 STEPS = "speculative_num_steps"
 TOPK = "speculative_eagle_topk"

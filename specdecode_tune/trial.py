@@ -31,9 +31,10 @@ import socket
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from . import results, telemetry
 from .backends import get_backend, preflight
@@ -94,19 +95,20 @@ class TrialContext:
 
 def level_plans(m: MeasureConfig) -> list[LevelPlan]:
     """Closed-loop levels in the experiment's order, then open-loop rates."""
-    common = dict(warmup_s=m.warmup_s, duration_s=m.duration_s, max_requests=m.max_requests,
-                  request_timeout_s=m.request_timeout_s)
-    plans = [LevelPlan(concurrency=c, **common) for c in m.concurrency]
-    plans += [LevelPlan(rate=r, **common) for r in m.rates]
-    return plans
+    def plan(concurrency: int | None = None, rate: float | None = None) -> LevelPlan:
+        return LevelPlan(concurrency=concurrency, rate=rate, warmup_s=m.warmup_s,
+                         duration_s=m.duration_s, max_requests=m.max_requests,
+                         request_timeout_s=m.request_timeout_s)
+
+    return [plan(concurrency=c) for c in m.concurrency] + [plan(rate=r) for r in m.rates]
 
 
 def plan_key(plan: LevelPlan) -> tuple[str, float]:
-    return ("rate", float(plan.rate)) if plan.rate else ("closed", float(plan.concurrency))
+    return ("rate", float(plan.rate)) if plan.rate else ("closed", float(plan.concurrency or 0))
 
 
 def summary_key(s: LevelSummary) -> tuple[str, float]:
-    return ("rate", float(s.rate)) if s.mode == "rate" else ("closed", float(s.concurrency))
+    return ("rate", float(s.rate or 0)) if s.mode == "rate" else ("closed", float(s.concurrency))
 
 
 def api_key(exp: Experiment) -> str:

@@ -215,9 +215,8 @@ class SGLangBackend:
         if not isinstance(ranks, list):
             return None
         counts = [r.get("num_reqs") for r in ranks if isinstance(r, dict)]
-        if not counts or not all(isinstance(n, int) for n in counts):
-            return None
-        return sum(counts)
+        ints = [n for n in counts if isinstance(n, int)]
+        return sum(ints) if ints and len(ints) == len(counts) else None
 
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the

@@ -292,11 +292,12 @@ class ServerProcess:
             if remaining <= 0:
                 self._fail(None, last_status)
             last_status = http_status(url, max(0.05, min(5.0, remaining)))
+            # Healthy, and not a stranger on our port (our process still runs).
             if last_status == 200 and (self.ready_check is None
-                                       or self._ready_check_passes()):
-                if self._proc.poll() is None:   # healthy, and not a stranger on our port
-                    self.boot_s = time.monotonic() - self._t0
-                    return
+                                       or self._ready_check_passes()) \
+                    and self._proc.poll() is None:
+                self.boot_s = time.monotonic() - self._t0
+                return
             time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
             interval = min(interval * 1.25, 0.25)
 
