@@ -327,8 +327,8 @@ def build_state(work: Work) -> str:
 
 def start_build(work: Work, manifest: dict) -> None:
     tgz = work.payload / manifest["llama_src"]
-    log = open(work.results / "build.log", "ab")
-    cmd = (f'bash "$0" "$1"; rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"')
+    log = open(work.results / "build.log", "ab")  # noqa: SIM115 - the detached build writes it
+    cmd = ('bash "$0" "$1"; rc=$?; echo $rc > "$2.tmp"; mv "$2.tmp" "$2"')
     p = subprocess.Popen(["bash", "-c", cmd, str(HERE / "build_llama_cuda.sh"), str(tgz),
                           str(work.state / "build.rc")], stdin=subprocess.DEVNULL, stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
@@ -428,7 +428,7 @@ def start_pipeline(work: Work, plan: dict) -> None:
     (work.state / "pipeline.rc").unlink(missing_ok=True)
     validate(plan, work)            # (re)writes the experiment that runs
     work.write("plan.json", plan)
-    log = open(work.results / "pipeline.log", "ab")
+    log = open(work.results / "pipeline.log", "ab")  # noqa: SIM115 - the detached pipeline writes it
     p = subprocess.Popen([sys.executable, str(work.src / "scripts/device/gpu_search.py"),
                           "--work", str(work.root), "--pipeline"], stdin=subprocess.DEVNULL,
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -753,9 +753,8 @@ def call(args: argparse.Namespace, work: Work) -> int:
             f"{', '.join(f'build/gpu-payload/part{i}' for i in missing)} (one part a call; "
             f"within 30 s, while this machine is warm)")
         return CALL_AGAIN
-    if not work.read("installed.json"):
-        if not install(work, manifest):
-            return 1
+    if not work.read("installed.json") and not install(work, manifest):
+        return 1
     state = pipeline_state(work)
     if state == "none" or (state == "failed" and args.retry):
         if state == "failed":

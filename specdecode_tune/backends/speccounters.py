@@ -1,6 +1,6 @@
 """Speculative-decoding counters on `/metrics`, and the acceptance length over a window.
 
-vLLM's counter names (see ../shared/SERVERS.md), which llama.cpp's server copies under its own
+vLLM's counter names (vllm/v1/metrics/loggers.py), which llama.cpp's server copies under its own
 prefix (`llamacpp:`):
 
     {prefix}spec_decode_num_drafts_total          verify steps that carried a draft

@@ -51,7 +51,7 @@ noise_band = 0.025
 """
 
 BASE = {1: 100.0, 16: 1000.0}
-# The seed (../shared/seed/measurements.csv): steps 1..5 rise at C=1, 4 -> 5 is +1.8% at C=1
+# The seed (tests/data/seed_measurements.csv): steps 1..5 rise at C=1, 4 -> 5 is +1.8% at C=1
 # and -30% at C=16; the probe at steps=10 is worse everywhere.
 SEED = {1: {1: 123, 16: 900}, 2: {1: 186, 16: 1200}, 3: {1: 234, 16: 1450},
         4: {1: 277, 16: 1596}, 5: {1: 282, 16: 1119}}
