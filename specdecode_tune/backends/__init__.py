@@ -77,6 +77,10 @@ class Backend(Protocol):
         sees the closed connection): the signal must be current, not a gauge of the last log
         interval."""
 
+    def refusal_advice(self, message: str) -> str:
+        """What to set in the experiment for an argument refusal the server gives every point
+        ('' where this engine knows no remedy for it)."""
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         """The server's speculative counters now (taken before and after a measurement
         window), or None where the server has none (SGLang: acceptance comes per request)."""

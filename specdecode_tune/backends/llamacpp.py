@@ -220,6 +220,9 @@ class LlamaCppBackend:
         # its queue), so they are current (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
 
+    def refusal_advice(self, message: str) -> str:
+        return ""
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

@@ -218,6 +218,17 @@ class SGLangBackend:
         ints = [n for n in counts if isinstance(n, int)]
         return sum(ints) if ints and len(ints) == len(counts) else None
 
+    def refusal_advice(self, message: str) -> str:
+        # SGLang 0.5.10 (server_args.py, _handle_mamba_radix_cache): a hybrid model (Qwen3.5,
+        # Qwen3-Next) refuses speculation with radix cache on. Its own remedy
+        # (--mamba-scheduler-strategy extra_buffer with SGLANG_ENABLE_SPEC_V2=1) is CUDA-only
+        # and refuses topk > 1; turning radix cache off serves every point of the space.
+        if "not compatible with radix cache" in message:
+            return ("set disable_radix_cache = true in [backend.flags] (SGLang's other route, "
+                    "--mamba-scheduler-strategy extra_buffer with SGLANG_ENABLE_SPEC_V2=1, "
+                    "refuses topk > 1)")
+        return ""
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
         # last log interval, not a window, so there is nothing to difference.

@@ -189,6 +189,9 @@ class VLLMBackend:
         # current while it runs and 0 once it is idle (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
 
+    def refusal_advice(self, message: str) -> str:
+        return ""
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..backends import check_args, get_backend, preflight
 from ..config import Experiment
 from ..errors import ConfigError
-from ..space import BASELINE, resolve
+from ..space import BASELINE, first_valid_point, is_baseline, resolve
 from ..store import rundir
 from ..store.files import is_uri
 
@@ -37,6 +37,33 @@ class RunPlan:
     storage: str
     name: str
     is_uri: bool
+
+
+def _check_speculative_points(exp: Experiment) -> None:
+    """A refusal the server gives every speculative point is the experiment's, not the
+    points': checked, where the backend can tell without a boot, on the experiment's own
+    enqueued points and the first valid point of its space. When each is refused with the same
+    message, the search stops here, before any boot, quoting the server."""
+    points = [dict(p) for p in exp.search.enqueue]
+    first = first_valid_point(exp.space, exp.backend.flags)
+    if first is not None and first not in points:
+        points.append(first)
+    messages = []
+    for point in points[:3]:
+        params = resolve(point, exp.backend.flags)
+        if is_baseline(params):
+            continue
+        try:
+            check_args(exp.backend, params)
+        except ConfigError as e:
+            messages.append(str(e))
+        else:
+            return                          # one speculative point passes: nothing to say
+    if messages and len(set(messages)) == 1:
+        advice = get_backend(exp.backend.kind).refusal_advice(messages[0])
+        raise ConfigError(f"every speculative point checked ({len(messages)}) is refused the "
+                          f"same way, so the refusal is the experiment's, not the points': "
+                          f"{messages[0]}" + (f"; {advice}" if advice else ""))
 
 
 def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
@@ -72,6 +99,7 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     # What the server would refuse at every boot, where its backend can tell without a boot
     # (the simulator: its flags, extra_args and fixed flags included, through its own CLI).
     check_args(exp.backend, resolve(BASELINE, exp.backend.flags))
+    _check_speculative_points(exp)
     if args.address:
         _check_address(args.address)
     else:

@@ -63,6 +63,10 @@ INFEASIBLE_SCORE = -5.0         # told to Optuna with a violated constraint: nev
 
 # The stop rule: this many trials in a row, at distinct configs, failed with the same reason.
 FAILURE_STREAK = 3
+# Distinct configs the server refuses with the same argument error before the refusal counts
+# as the experiment's, not the points' (SGLang refusing every speculative argv of a hybrid
+# model with radix cache on, say).
+REFUSAL_STREAK = 2
 
 _NOISE = [  # what differs between two boots failing the same way: masked in a signature
     (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?"), "<time>"),
@@ -98,7 +102,12 @@ class FailureStreak:
       OOM, KV memory; a property of the point) or "pruned" (never booted), is skipped: it says
       nothing about the cause, and neither counts nor breaks the streak;
     - a re-measurement of a config already in the streak keeps it but does not count twice.
-    Once tripped it stays tripped (`tripped` holds the one line that says why)."""
+    Once tripped it stays tripped (`tripped` holds the one line that says why).
+
+    A second rule watches the server's refusals of its arguments ("infeasible" with reason
+    "invalid_args: ..."): the same refusal at REFUSAL_STREAK distinct configs (not in a row)
+    is the experiment's problem, not the points' (a flag every boot needs is missing), and it
+    trips too. Refusals for memory (oom, kv_memory) stay properties of the point."""
 
     def __init__(self, limit: int = FAILURE_STREAK) -> None:
         self.limit = limit
@@ -106,9 +115,23 @@ class FailureStreak:
         self.reason = ""                      # the streak's first reason, as the trial gave it
         self.configs: set[str] = set()
         self.tripped: str | None = None
+        self.refusals: dict[str, tuple[str, set[str]]] = {}   # signature -> (reason, configs)
 
     def observe(self, config_key: str, status: str | None, reason: str | None) -> None:
-        if self.tripped is not None or status in (None, "infeasible", "pruned"):
+        if self.tripped is not None:
+            return
+        if status == "infeasible" and (reason or "").startswith("invalid_args"):
+            # (setdefault on __dict__: a searcher pickled before this rule has no refusals)
+            refusals = self.__dict__.setdefault("refusals", {})
+            first, configs = refusals.setdefault(failure_signature(reason or ""),
+                                                 (reason or "", set()))
+            configs.add(config_key)
+            if len(configs) >= REFUSAL_STREAK:
+                self.tripped = (f"the search stopped early: the server refused its arguments "
+                                f"the same way at {len(configs)} distinct configs (a cause "
+                                f"that does not depend on the point): {first}")
+            return
+        if status in (None, "infeasible", "pruned"):
             return
         if status != "failed":
             self.signature, self.reason, self.configs = None, "", set()

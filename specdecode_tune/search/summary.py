@@ -8,6 +8,7 @@ trials of every driver that ran it.
 
 from __future__ import annotations
 
+from ..backends import get_backend
 from ..store import read_table, rundir
 from .baseline import BASELINE_ID
 from .preflight import RunPlan
@@ -39,7 +40,10 @@ def stopped_early(plan: RunPlan) -> str | None:
     streak = FailureStreak()
     for r in rows:
         streak.observe(r["config_key"], r["status"], r["reason"])
-    return streak.tripped
+    if streak.tripped is None:
+        return None
+    advice = get_backend(plan.exp.backend.kind).refusal_advice(streak.tripped)
+    return streak.tripped + (f"; {advice}" if advice else "")
 
 
 def trial_counts(plan: RunPlan) -> str:

@@ -234,3 +234,32 @@ def test_a_pareto_search_stops_on_the_streak_too() -> None:
                                            "status": "failed", "reason": REFUSED})
     assert search.streak.tripped is not None
     assert len(set(seen)) == 3 and len(seen) <= 6   # random proposals may repeat a point
+
+
+RADIX = ("invalid_args: ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration "
+         "is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer.")
+
+
+def test_the_same_argument_refusal_at_two_configs_is_the_experiments() -> None:
+    """SGLang refusing every speculative argv the same way (issue 16: the hybrid model with
+    radix cache on) is not a property of the points: two distinct configs trip the stop, even
+    with an ok trial between them; memory refusals never do."""
+    s = FailureStreak()
+    s.observe("a", "infeasible", "kv_memory: Not enough memory. Please try to increase ...")
+    s.observe("b", "infeasible", "kv_memory: Not enough memory. Please try to increase ...")
+    assert s.tripped is None
+    s.observe("c", "infeasible", RADIX)
+    s.observe("c", "infeasible", RADIX)                 # the same config twice: one
+    assert s.tripped is None
+    s.observe("d", "ok", "")
+    s.observe("e", "infeasible", RADIX)
+    assert s.tripped is not None and "2 distinct configs" in s.tripped
+    assert "not compatible with radix cache" in s.tripped
+
+
+def test_a_searcher_pickled_before_the_refusal_rule_still_observes() -> None:
+    s = FailureStreak()
+    del s.__dict__["refusals"]                          # as unpickled from an older run
+    s.observe("a", "infeasible", RADIX)
+    s.observe("b", "infeasible", RADIX)
+    assert s.tripped is not None
