@@ -29,7 +29,7 @@ Defined in the simulator (`specdecode_tune.sim`, a separate server program):
 
     SpecTuneError
     └── sim.model.StartupError   the simulated server cannot start; `.kind` is invalid_args,
-                                 kv_memory or oom, `.exit_code` 2 or 1. The simulator's CLI
+                                 kv_memory, oom or crashed, `.exit_code` 2 or 1. The simulator's CLI
                                  logs it as SGLang would and exits with that code; the search's
                                  pre-flight turns one from `normalize_params` into a ConfigError.
     ValueError

@@ -20,13 +20,19 @@ headroom (1 - mem_fraction_static) below the need is "CUDA out of memory".
 
 Acceptance: the profile gives conditional probabilities p_i (position i accepted given all
 before it). A chain (topk = 1) accepts position i with probability prod_{j<=i} p_j. A tree
-(topk > 1) with n - 1 draft nodes is modelled by widths w_i <= topk per depth i <= steps; the
-w_i candidates at depth i are treated as alternatives for the token on the accepted path, so
+(topk > 1) with n - 1 draft nodes is modelled by widths w_i per depth i <= steps; the first
+min(w_i, topk) candidates at depth i are treated as alternatives for the token on the accepted
+path (SGLang's pool has topk^2 candidates below the first depth, topk under each node), so
 q_i(w) = 1 - (1 - p_i) * (1 - sibling_hit) ** (w - 1): each extra candidate catches a share
 `sibling_hit` of the remaining misses, never above 1 and equal to p_i for one candidate. The
 widths are chosen greedily, one node at a time, where it adds the most expected tokens (SGLang
 also keeps the best-scoring nodes). This is optimistic for real trees, where some siblings hang
 off rejected branches; it is plausible, monotone in n, and reduces exactly to the chain.
+
+The tree's limit: SGLang scores topk + (steps - 1) * topk^2 candidates (`draft_candidates`) and
+keeps num_draft_tokens - 1 of them with `torch.topk`; a larger count passes the argument checks
+and fails at boot, in the draft worker's CUDA graph capture (`startup` raises it after the
+memory checks, with SGLang's message). NGRAM builds its tree otherwise and is not limited so.
 """
 
 from __future__ import annotations
@@ -40,8 +46,18 @@ from specdecode_tune.errors import SpecTuneError
 from specdecode_tune.sim.profile import Profile
 
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-STARTUP_KINDS = ("invalid_args", "kv_memory", "oom")
+STARTUP_KINDS = ("invalid_args", "kv_memory", "oom", "crashed")
 GiB = 1024**3
+# SGLang's words when a CUDA graph capture fails (model_executor/cuda_graph_runner.py
+# CUDA_GRAPH_CAPTURE_FAILED_MSG, 0.5.10.post1), after "Capture cuda graph failed: <error>".
+CUDA_GRAPH_CAPTURE_FAILED_MSG = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+    "3. disable torch compile by not using --enable-torch-compile\n"
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
 
 
 class StartupError(SpecTuneError):
@@ -165,12 +181,6 @@ def _spec_numbers(
             f"(was {draft}) because speculative_eagle_topk == 1"
         )
         draft = steps + 1
-    if steps * topk + 1 < draft:
-        raise StartupError(
-            "invalid_args",
-            f"error: speculative_num_draft_tokens = {draft} must be <= speculative_num_steps * "
-            f"speculative_eagle_topk + 1 = {steps * topk + 1}",
-        )
     if draft < 2:
         raise StartupError("invalid_args",
                            f"error: --speculative-num-draft-tokens = {draft}: must be >= 2")
@@ -216,6 +226,16 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             "2. set --cuda-graph-max-bs to a smaller value 3. use fewer draft tokens "
             "4. set --max-running-requests lower",
         )
+    pool = draft_candidates(steps, topk)
+    if spec and n - 1 > pool:
+        # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
+        # runs draft_forward, whose organize_draft_results does torch.topk(scores, n - 1) over
+        # a pool of `pool` candidates (eagle_draft_cuda_graph_runner.py wraps the error).
+        raise StartupError(
+            "crashed",
+            "Exception: Capture cuda graph failed: selected index k out of range\n"
+            + CUDA_GRAPH_CAPTURE_FAILED_MSG,
+        )
     mem_limit = kv_tokens // m.request_reserve_tokens
     flag = args["max_running_requests"]
     running_limit = min(mem_limit, flag) if flag else mem_limit
@@ -248,7 +268,14 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     )
 
 
-# --------------------------------------------------------------------------- acceptance
+# --------------------------------------------------------------------------- the draft tree
+
+
+def draft_candidates(steps: int, topk: int) -> int:
+    """Candidates SGLang's EAGLE draft tree scores (`EAGLEWorker.draft_forward`:
+    `select_top_k_tokens` yields topk at the first step, topk^2 at each later one); it keeps
+    the best num_draft_tokens - 1 of them."""
+    return topk + (steps - 1) * topk * topk if steps > 0 else 0
 
 
 @lru_cache(maxsize=4096)
@@ -259,7 +286,10 @@ def tree_acceptance(
 
     `nodes` draft nodes (num_draft_tokens - 1) go, one at a time, where they add the most
     expected accepted tokens: a new depth (if the one above it has a node) or one more
-    candidate at an existing depth (up to `topk`). See the module docstring for q_i(w).
+    candidate at an existing depth (up to `topk`). See the module docstring for q_i(w). Nodes
+    left once every depth has `topk` (SGLang's pool holds topk^2 below the first depth) widen
+    the deeper depths, up to topk children of each of the topk nodes above: they hang off
+    other branches than the accepted one, so they add verify work and no acceptance.
     """
     depth_max = min(steps, nodes)
     if depth_max <= 0:
@@ -296,5 +326,11 @@ def tree_acceptance(
             break
         widths[best] += 1
         q[best] = q_of(best, widths[best])
+    left = nodes - sum(widths)
+    for i in range(1, depth_max):
+        extra = min(left, topk * min(widths[i - 1], topk) - widths[i])
+        if extra > 0:
+            widths[i] += extra
+            left -= extra
     used = [i for i in range(depth_max) if widths[i] > 0]
     return tuple(q[i] for i in used), tuple(widths[i] for i in used)

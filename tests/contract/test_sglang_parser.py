@@ -63,9 +63,6 @@ XFAIL_RADIX = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
     "finding 1: SGLang refuses every speculative argv for the hybrid Qwen3.5-MoE with radix "
     "cache on (server_args.py `_handle_mamba_radix_cache`); the argv needs "
     "--disable-radix-cache"))
-XFAIL_DRAFT_RULE = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
-    "finding 4: space.invalid_reason's `steps * topk + 1 >= draft` is bench_speculative.py's "
-    "grid rule; SGLang's draft tree keeps draft - 1 of topk + (steps - 1) * topk^2 candidates"))
 XFAIL_ADAPTIVE = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
     "finding 3: --speculative-adaptive / --speculative-adaptive-config do not exist in "
     "0.5.10.post1 (argparse exit 2); the report emits them for every SGLang version"))
@@ -338,7 +335,6 @@ def test_sglang_normalizes_to_the_projects_triple(sglang: dict[str, Any], name: 
         agree(ans["triple"] == triple(cases[key].params), (key, ans["triple"]))
 
 
-@XFAIL_DRAFT_RULE
 def test_the_draft_limit_is_sglangs(sglang: dict[str, Any]) -> None:
     # Booted by the project exactly when SGLang's own draft-tree code takes the triple.
     differ = [(t, ans.get("error")) for t, ans in sglang["trees"].items()

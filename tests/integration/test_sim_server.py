@@ -119,8 +119,11 @@ def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
     ("args", "code", "phrase"),
     [
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"), 2, "set together"),
+        # Past SGLang's draft pool (2 + 4 candidates): its draft CUDA graph capture fails.
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-          "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"), 2, "must be <="),
+          "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
+          "--cuda-graph-max-bs", "16"), 1,
+         "Capture cuda graph failed: selected index k out of range"),
         (("--speculative-algorithm", "MEDUSA"), 2, "invalid choice"),
         (("--mem-fraction-static", "1.5"), 2, "mem-fraction-static"),
         (("--no-such-flag",), 2, "unrecognized arguments"),

@@ -15,12 +15,15 @@ from specdecode_tune.sim.model import (
     Workload,
     accept_moments,
     expected_steps,
+    normalize_params,
     predict,
     startup,
     step_time,
     tree_acceptance,
 )
 from specdecode_tune.sim.profile import load_profile
+from specdecode_tune.sim.startup import draft_candidates
+from specdecode_tune.space import max_draft_tokens
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
 PROFILE = load_profile("seed-qwen35-122b")
@@ -130,10 +133,42 @@ def test_topk_one_forces_draft_tokens_to_steps_plus_one_with_a_warning() -> None
     assert startup(PROFILE, spec(3, 1, 4)).warnings == ()
 
 
-def test_more_draft_tokens_than_the_tree_holds_is_invalid() -> None:
-    with pytest.raises(StartupError, match="must be <="):
-        startup(PROFILE, spec(2, 2, 6))          # 2 * 2 + 1 = 5 < 6
-    assert startup(PROFILE, spec(2, 2, 5)).draft_tokens == 5
+def test_more_draft_tokens_than_the_tree_holds_fails_at_boot_as_sglang_does() -> None:
+    # SGLang's pool: topk + (steps - 1) * topk^2 candidates (2 + 4 = 6 here), of which it keeps
+    # draft - 1. Its argument checks take any count (normalize_params passes); the draft CUDA
+    # graph capture fails, after the memory checks.
+    normalize_params(PROFILE, spec(2, 2, 8, cuda_graph_max_bs=16))
+    with pytest.raises(StartupError) as e:
+        startup(PROFILE, spec(2, 2, 8, cuda_graph_max_bs=16))
+    assert e.value.kind == "crashed" and e.value.exit_code == 1
+    assert e.value.message.startswith(
+        "Exception: Capture cuda graph failed: selected index k out of range\nPossible solutions")
+    # 7 draft tokens fill the pool: more than the old `steps * topk + 1` (5) rule allowed.
+    f = startup(PROFILE, spec(2, 2, 7))
+    assert f.draft_tokens == 7 and f.tree_widths == (2, 4)
+    assert draft_candidates(2, 2) == 6 and draft_candidates(3, 4) == 36
+    assert draft_candidates(4, 1) == 4
+
+
+def test_the_simulator_and_the_space_agree_on_the_draft_limit() -> None:
+    # The space (what the search boots) and the simulator (what SGLang boots) hold the same
+    # limit, each written from SGLang's code; the contract tests check the space against it.
+    for steps in range(1, 13):
+        for topk in (1, 2, 4, 8):
+            assert draft_candidates(steps, topk) + 1 == max_draft_tokens(steps, topk)
+
+
+def test_nodes_past_topk_per_depth_add_cost_not_acceptance() -> None:
+    # Past steps * topk nodes every depth has topk alternatives under the accepted node; the
+    # rest hang off other branches: wider deeper depths, the same acceptance, more verify work.
+    p, hit = PROFILE.acceptance.greedy, PROFILE.acceptance.sibling_hit
+    q5, w5 = tree_acceptance(p, hit, 2, 2, 4)
+    q7, w7 = tree_acceptance(p, hit, 2, 2, 6)
+    assert w5 == (2, 2) and w7 == (2, 4) and q5 == q7
+    q, w = tree_acceptance(p, hit, 3, 4, 35)
+    assert w == (4, 16, 15) and sum(w) == 35
+    small, big = startup(PROFILE, spec(2, 2, 5)), startup(PROFILE, spec(2, 2, 7))
+    assert step_time(PROFILE, big, 8) > step_time(PROFILE, small, 8)
 
 
 @pytest.mark.parametrize(
