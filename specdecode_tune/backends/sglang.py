@@ -3,16 +3,24 @@
 SGLang's rules that shape the argv (../shared/SERVERS.md): the three speculative numbers are
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
 or fixed setting is passed as `--name-with-dashes value`, a true boolean as a bare flag.
+
+What differs between SGLang releases lives here too (docs/engines-sglang.md, each fact with
+its source): the backend knows the release its servers run (`engine_version`: the experiment's
+`backend.engine_version`, else the sglang installed in this Python, else `DEFAULT_VERSION`, the
+release the project's contract tests run) and emits only what that release accepts.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shlex
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
@@ -30,6 +38,42 @@ FAILURE_PATTERNS = FailurePatterns(
     arg_exceptions=("AssertionError",),
     arg_check_files=(r"server_args\.py",),
 )
+
+# The release the contract tests parse with (tests/contract, scripts/install_sglang_cpu.sh) and
+# the simulator imitates; the default when nothing says which release the servers run.
+DEFAULT_VERSION = "0.5.10.post1"
+# --speculative-adaptive / --speculative-adaptive-config exist from 0.5.11 (argparse refuses
+# them before: exit 2); the per-batch-size file the report writes (keys = batch sizes, each
+# {"candidate_steps": [...]}) is read from 0.5.13 (0.5.11-0.5.12 take one flat object).
+ADAPTIVE_FLAGS_SINCE = "0.5.11"
+ADAPTIVE_PER_BATCH_SIZE_SINCE = "0.5.13"
+
+_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A release's order: its numbers, then 1 for a final or post release, 0 for a pre-release
+    (0.5.13rc0 < 0.5.13 <= 0.5.13.post1)."""
+    m = _RELEASE.fullmatch(version.strip())
+    if m is None:
+        raise ValueError(f"not a release number: {version!r}")
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    pre = re.match(r"\.?(rc|a|b|dev)", m.group(2)) is not None
+    return (*nums, *(0,) * (4 - len(nums)), 0 if pre else 1)
+
+
+def at_least(version: str, since: str) -> bool:
+    return version_key(version) >= version_key(since)
+
+
+@functools.cache
+def installed_version() -> str | None:
+    """The sglang release installed in this Python, or None (read once)."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
@@ -114,6 +158,30 @@ class SGLangBackend:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
         return shlex.join(head + self.server_args(cfg, params))
 
+    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
+        """(the SGLang release the servers run, where that comes from)."""
+        if cfg.engine_version:
+            return cfg.engine_version, "backend.engine_version"
+        installed = installed_version()
+        if installed is not None:
+            return installed, "the sglang installed here"
+        return DEFAULT_VERSION, "the default; set backend.engine_version to yours"
+
+    def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
+                         config_path: str) -> tuple[str | None, str]:
+        """(the launch command of a per-batch-size steps schedule read from `config_path`,
+        '') for a release that takes one, else (None, which release it needs and why)."""
+        version, origin = self.engine_version(cfg)
+        if not at_least(version, ADAPTIVE_PER_BATCH_SIZE_SINCE):
+            flags = ("has no --speculative-adaptive / --speculative-adaptive-config (they come "
+                     f"in {ADAPTIVE_FLAGS_SINCE})" if not at_least(version, ADAPTIVE_FLAGS_SINCE)
+                     else "reads --speculative-adaptive-config as one flat object")
+            return None, (f"No SGLang schedule command: SGLang {version} ({origin}) {flags}; "
+                          f"the per-batch-size file written here needs SGLang >= "
+                          f"{ADAPTIVE_PER_BATCH_SIZE_SINCE}.")
+        return self.launch_command(cfg, {**params, "speculative_adaptive": True,
+                                          "speculative_adaptive_config": config_path}), ""
+
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         info: dict[str, Any] = {}
         for path in ("/server_info", "/get_server_info"):
@@ -174,6 +242,12 @@ class SimBackend(SGLangBackend):
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only
+
+    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
+        # The simulator imitates DEFAULT_VERSION whatever is installed here.
+        if cfg.engine_version:
+            return cfg.engine_version, "backend.engine_version"
+        return DEFAULT_VERSION, "the release the simulator imitates; set backend.engine_version"
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         # The simulator stands in for SGLang: the command to take away is SGLang's.

@@ -63,9 +63,6 @@ XFAIL_RADIX = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
     "finding 1: SGLang refuses every speculative argv for the hybrid Qwen3.5-MoE with radix "
     "cache on (server_args.py `_handle_mamba_radix_cache`); the argv needs "
     "--disable-radix-cache"))
-XFAIL_ADAPTIVE = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
-    "finding 3: --speculative-adaptive / --speculative-adaptive-config do not exist in "
-    "0.5.10.post1 (argparse exit 2); the report emits them for every SGLang version"))
 
 # ---------------------------------------------------------------------------------------------
 # Points, argv and cases
@@ -372,7 +369,6 @@ def test_the_reports_launch_command_parses(sglang: dict[str, Any]) -> None:
     agree(ans["ok"], ans.get("error"))
 
 
-@XFAIL_ADAPTIVE
 def test_the_reports_schedule_command_parses_or_says_which_version(
         sglang: dict[str, Any], tmp_path: Path) -> None:
     ans = sglang["answers"].get("report/schedule")

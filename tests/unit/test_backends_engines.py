@@ -1,4 +1,5 @@
-"""The llama.cpp and vLLM backends: params -> argv, speculative config, environment."""
+"""The llama.cpp, vLLM and SGLang backends: params -> argv, speculative config, environment,
+and what the SGLang backend knows of SGLang's releases."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune.backends import BACKENDS, get_backend
+from specdecode_tune.backends import BACKENDS, get_backend, sglang
 from specdecode_tune.backends.llamacpp import spec_type
 from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
+from specdecode_tune.config.reader import Table
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.space import resolve
 
@@ -194,3 +196,62 @@ def test_every_backend_keeps_the_contract(kind: str) -> None:
     assert isinstance(b.program(cfg), str) and b.program(cfg)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in b.request_headers.items())
     assert b.window_acceptance(None, None) == (None, ())
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang: the release the servers run
+
+
+def sglang_cfg(**kw: object) -> BackendConfig:
+    base: dict[str, object] = {"kind": "sglang", "model_path": "Qwen/Qwen3.5-122B-A10B",
+                               "draft_model_path": "/models/eagle3", "tp_size": 2}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+def test_sglang_release_order() -> None:
+    key = sglang.version_key
+    assert key("0.5.10.post1") < key("0.5.11") < key("0.5.13rc0") < key("0.5.13")
+    assert key("0.5.9") < key("0.5.10") and key("0.5.13") <= key("0.5.13.post2")
+    assert sglang.at_least("0.5.13", "0.5.13") and not sglang.at_least("0.5.12", "0.5.13")
+    with pytest.raises(ValueError):
+        key("latest")
+
+
+def test_sglang_version_from_the_config_then_the_installed_package_then_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    b = get_backend("sglang")
+    monkeypatch.setattr(sglang, "installed_version", lambda: None)
+    assert b.engine_version(sglang_cfg())[0] == sglang.DEFAULT_VERSION == "0.5.10.post1"
+    monkeypatch.setattr(sglang, "installed_version", lambda: "0.5.14")
+    assert b.engine_version(sglang_cfg()) == ("0.5.14", "the sglang installed here")
+    assert b.engine_version(sglang_cfg(engine_version="0.5.12")) == (
+        "0.5.12", "backend.engine_version")
+    # The simulator imitates the default release, whatever is installed.
+    assert get_backend("sim").engine_version(sglang_cfg(kind="sim"))[0] == "0.5.10.post1"
+
+
+def test_sglang_schedule_command_only_where_the_release_reads_the_file() -> None:
+    b = get_backend("sglang")
+    params = resolve({"speculative_num_steps": 5}, {})
+    cmd, why = b.schedule_command(sglang_cfg(engine_version="0.5.13"), params, "s.json")
+    assert why == "" and cmd is not None
+    assert "--speculative-adaptive --speculative-adaptive-config s.json" in cmd
+    cmd, why = b.schedule_command(sglang_cfg(engine_version="0.5.10.post1"), params, "s.json")
+    assert cmd is None and "has no --speculative-adaptive" in why and ">= 0.5.13" in why
+
+
+@pytest.mark.parametrize(("kind", "value", "words"), [
+    ("vllm", "0.5.13", "only allowed with backend.kind = 'sglang' or 'sim'"),
+    ("sglang", "latest", "must be an SGLang release such as '0.5.10.post1'"),
+])
+def test_engine_version_is_checked(kind: str, value: str, words: str) -> None:
+    table = Table({"kind": kind, "model_path": "m", "engine_version": value}, "backend", "x")
+    with pytest.raises(ConfigError, match=words):
+        BackendConfig.from_table(table)
+
+
+def test_engine_version_is_read() -> None:
+    table = Table({"kind": "sglang", "model_path": "m", "engine_version": "0.5.13"}, "backend",
+                  "x")
+    assert BackendConfig.from_table(table).engine_version == "0.5.13"
