@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shlex
 import sys
@@ -24,6 +25,7 @@ from importlib import metadata
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
+from ..errors import ConfigError
 from ..records import ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from .failurepatterns import FailurePatterns
@@ -47,6 +49,36 @@ DEFAULT_VERSION = "0.5.10.post1"
 # {"candidate_steps": [...]}) is read from 0.5.13 (0.5.11-0.5.12 take one flat object).
 ADAPTIVE_FLAGS_SINCE = "0.5.11"
 ADAPTIVE_PER_BATCH_SIZE_SINCE = "0.5.13"
+
+# Hybrid (linear-attention / mamba) architectures whose speculation SGLang refuses with radix
+# cache on under the default --mamba-scheduler-strategy no_buffer, at argument checking
+# (server_args.py `_handle_mamba_radix_cache`, 0.5.10.post1 to 0.5.13; from 0.5.14 its
+# --mamba-radix-cache-strategy auto picks a buffer itself). Qwen3.5-MoE, the seed's, is one.
+RADIX_SPEC_REFUSED = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                      "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM",
+                      "FalconH1ForCausalLM", "JetNemotronForCausalLM",
+                      "JetVLMForConditionalGeneration", "Lfm2ForCausalLM")
+RADIX_SPEC_ALLOWED_SINCE = "0.5.14"
+
+
+def radix_spec_refusal(arch: str) -> str:
+    """SGLang's words for that refusal (sic: no space after the first period)."""
+    return (f"Speculative decoding for {arch} is not compatible with radix cache when using "
+            "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, "
+            "please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
+
+
+def local_architecture(model_path: str) -> str | None:
+    """`architectures[0]` of a local model folder's config.json, or None (a hub id, a path not
+    on this machine, no readable config)."""
+    path = os.path.join(os.path.expandvars(os.path.expanduser(model_path)), "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            archs = json.load(f).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
 
 _RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
 
@@ -143,7 +175,19 @@ class SGLangBackend:
         return dict(cfg.env)
 
     def validate(self, cfg: BackendConfig) -> None:
-        return None
+        """A hybrid model's speculation refused at every boot (when its config.json is on this
+        machine; a hub id is left to the server)."""
+        if (not cfg.speculative_algorithm or cfg.flags.get("disable_radix_cache")
+                or cfg.flags.get("mamba_scheduler_strategy") == "extra_buffer"):
+            return
+        version, origin = self.engine_version(cfg)
+        arch = local_architecture(cfg.model_path)
+        if arch in RADIX_SPEC_REFUSED and not at_least(version, RADIX_SPEC_ALLOWED_SINCE):
+            raise ConfigError(
+                f"backend: SGLang {version} ({origin}) refuses every speculative server of "
+                f"{arch} (a hybrid model) with radix cache on: \"{radix_spec_refusal(arch)}\"; "
+                f"set disable_radix_cache = true in [backend.flags] (docs/engines-sglang.md "
+                f"section 1)")
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="as SGLang's (the simulator caches no prefix either way); speculation "
+                        "on a hybrid model's profile needs it, as in SGLang 0.5.10")
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored")
     p.add_argument("--log-level", default="info", help="accepted and ignored")
@@ -130,7 +133,7 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
                 return 1
             if not isinstance(err, StartupError):
                 raise err
-            log.error("Scheduler hit an exception during start-up:\n%s", err.message)
+            log.error("Scheduler hit an exception during start-up:\n%s", err.log_text())
             code = err.exit_code
         elif boot.done():
             log.info("The server is fired up and ready to roll!")
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         normalized, warnings = normalize_params(profile, args)
     except StartupError as e:
-        print(e.message, file=sys.stderr)
+        print(e.log_text(), file=sys.stderr)
         return e.exit_code
     for w in warnings:
         log.warning(w)

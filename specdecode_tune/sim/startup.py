@@ -48,6 +48,14 @@ from specdecode_tune.sim.profile import Profile
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 STARTUP_KINDS = ("invalid_args", "kv_memory", "oom", "crashed")
 GiB = 1024**3
+# Hybrid (linear-attention / mamba) architectures whose radix cache SGLang 0.5.10.post1 refuses
+# to combine with speculation under the default --mamba-scheduler-strategy no_buffer
+# (server_args.py `_handle_model_specific_adjustments` -> `_handle_mamba_radix_cache`,
+# support_mamba_cache=True; GraniteMoeHybrid only with mamba layers, not listed).
+RADIX_SPEC_REFUSED = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                      "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM",
+                      "FalconH1ForCausalLM", "JetNemotronForCausalLM",
+                      "JetVLMForConditionalGeneration", "Lfm2ForCausalLM")
 # SGLang's words when a CUDA graph capture fails (model_executor/cuda_graph_runner.py
 # CUDA_GRAPH_CAPTURE_FAILED_MSG, 0.5.10.post1), after "Capture cuda graph failed: <error>".
 CUDA_GRAPH_CAPTURE_FAILED_MSG = (
@@ -61,19 +69,36 @@ CUDA_GRAPH_CAPTURE_FAILED_MSG = (
 
 
 class StartupError(SpecTuneError):
-    """The simulated server cannot start; `kind` names why (a subset of START_FAILURE_KINDS)."""
+    """The simulated server cannot start; `kind` names why (a subset of START_FAILURE_KINDS).
 
-    def __init__(self, kind: str, message: str) -> None:
+    `raised_in` = (SGLang source file, line, function) for a refusal SGLang raises as an
+    exception from its argument checks rather than argparse's exit 2: the CLI prints it as a
+    traceback ending in that frame, and exits 1, as Python does."""
+
+    def __init__(self, kind: str, message: str,
+                 raised_in: tuple[str, int, str] | None = None) -> None:
         if kind not in STARTUP_KINDS:
             raise ValueError(f"kind must be one of {STARTUP_KINDS}, got {kind!r}")
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.raised_in = raised_in
 
     @property
     def exit_code(self) -> int:
         # argparse exits 2 on bad arguments; an exception during start-up exits 1.
-        return 2 if self.kind == "invalid_args" else 1
+        return 2 if self.kind == "invalid_args" and self.raised_in is None else 1
+
+    def log_text(self) -> str:
+        """What the server prints for it: the message, or a traceback ending in it."""
+        if self.raised_in is None:
+            return self.message
+        path, line, func = self.raised_in
+        return ("Traceback (most recent call last):\n"
+                '  File "sglang/launch_server.py", line 59, in <module>\n'
+                "    server_args = prepare_server_args(sys.argv[1:])\n"
+                f'  File "{path}", line {line}, in {func}\n'
+                f"{self.message}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +160,16 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
             f"error: argument --speculative-algorithm: invalid choice: {algo!r} "
             f"(choose from {', '.join(SPEC_ALGORITHMS)})",
         )
+    arch = profile.architecture
+    if algo is not None and arch in RADIX_SPEC_REFUSED and not params.get("disable_radix_cache"):
+        # SGLang's words (server_args.py L2204-2209, sic: no space after the first period).
+        raise StartupError(
+            "invalid_args",
+            f"ValueError: Speculative decoding for {arch} is not compatible with radix cache "
+            "when using --mamba-scheduler-strategy no_buffer.To use radix cache with "
+            "speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+            "SGLANG_ENABLE_SPEC_V2=1.",
+            raised_in=("sglang/srt/server_args.py", 2206, "_handle_mamba_radix_cache"))
     steps = _int_arg(params, "speculative_num_steps", None, 0)
     if algo is None or steps == 0:
         algo, steps, topk, draft = None, 0, 1, 1
@@ -154,6 +189,7 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
         tp_size=_int_arg(params, "tp_size", profile.hardware.tp_size, 1),
         cuda_graph_max_bs=_int_arg(params, "cuda_graph_max_bs", d.cuda_graph_max_bs, 1),
         max_running_requests=_int_arg(params, "max_running_requests", None, 1),
+        disable_radix_cache=bool(params.get("disable_radix_cache")),
     )
     return out, tuple(warnings)
 

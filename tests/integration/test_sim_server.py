@@ -18,8 +18,10 @@ from specdecode_tune.backends import SimBackend
 from specdecode_tune.backends.speccounters import in_flight
 from specdecode_tune.trial import drain
 
+# The seed profile's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
+NO_RADIX = "--disable-radix-cache"
 SPEC4 = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5")
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5", NO_RADIX)
 FAST = ("--boot-time", "0.2", "--enable-metrics")
 
 
@@ -107,7 +109,7 @@ def test_gpu_ids_empty_without_cuda_visible_devices_and_flag_caps_running() -> N
 
 def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
     args = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8")
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", NO_RADIX)
     with run_sim(*args, *FAST) as (base, proc):
         info = _get(base + "/server_info")[1]
         log = sim_log(proc)
@@ -118,18 +120,23 @@ def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
 @pytest.mark.parametrize(
     ("args", "code", "phrase"),
     [
-        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"), 2, "set together"),
+        # SGLang's hybrid-model check comes first, raised from server_args.py: exit 1.
+        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"), 1,
+         "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not "
+         "compatible with radix cache"),
+        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", NO_RADIX), 2,
+         "set together"),
         # Past SGLang's draft pool (2 + 4 candidates): its draft CUDA graph capture fails.
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
           "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
-          "--cuda-graph-max-bs", "16"), 1,
+          "--cuda-graph-max-bs", "16", NO_RADIX), 1,
          "Capture cuda graph failed: selected index k out of range"),
         (("--speculative-algorithm", "MEDUSA"), 2, "invalid choice"),
         (("--mem-fraction-static", "1.5"), 2, "mem-fraction-static"),
         (("--no-such-flag",), 2, "unrecognized arguments"),
         (("--profile", "no-such-profile"), 2, "not found"),
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "10",
-          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11"), 1,
+          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11", NO_RADIX), 1,
          "Not enough memory"),
         (("--mem-fraction-static", "0.5"), 1, "Not enough memory"),
         (("--mem-fraction-static", "0.97"), 1, "CUDA out of memory"),

@@ -14,6 +14,8 @@ from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
 from specdecode_tune.config.reader import Table
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.profile import load_profile
+from specdecode_tune.sim.startup import RADIX_SPEC_REFUSED, StartupError, normalize_params
 from specdecode_tune.space import resolve
 
 
@@ -255,3 +257,43 @@ def test_engine_version_is_read() -> None:
     table = Table({"kind": "sglang", "model_path": "m", "engine_version": "0.5.13"}, "backend",
                   "x")
     assert BackendConfig.from_table(table).engine_version == "0.5.13"
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang: a hybrid model's speculation with radix cache on
+
+
+def hybrid_model(tmp_path: Path, arch: str = "Qwen3_5MoeForConditionalGeneration") -> str:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    return str(tmp_path)
+
+
+def test_sglang_refuses_a_local_hybrid_models_speculation_with_radix_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sglang, "installed_version", lambda: None)
+    b = get_backend("sglang")
+    cfg = sglang_cfg(model_path=hybrid_model(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        b.validate(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and "SGLang 0.5.10.post1" in msg
+    assert sglang.radix_spec_refusal("Qwen3_5MoeForConditionalGeneration") in msg
+    assert "set disable_radix_cache = true in [backend.flags]" in msg
+    # What makes it boot, or where it does not apply.
+    b.validate(sglang_cfg(model_path=cfg.model_path, flags={"disable_radix_cache": True}))
+    b.validate(sglang_cfg(model_path=cfg.model_path, speculative_algorithm=None))
+    b.validate(sglang_cfg(model_path=cfg.model_path, engine_version="0.5.14"))
+    (tmp_path / "llama").mkdir()
+    b.validate(sglang_cfg(model_path=hybrid_model(tmp_path / "llama", "LlamaForCausalLM")))
+    b.validate(sglang_cfg())     # a hub id: the server's own check decides
+    # The simulator refuses at boot instead, as SGLang does (its profile names the model).
+    get_backend("sim").validate(sglang_cfg(kind="sim", model_path=cfg.model_path))
+
+
+def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:
+    # The simulator is a separate program that imitates SGLang: it keeps its own copy.
+    assert RADIX_SPEC_REFUSED == sglang.RADIX_SPEC_REFUSED
+    arch = "Qwen3_5MoeForConditionalGeneration"
+    with pytest.raises(StartupError) as e:
+        normalize_params(load_profile("seed-qwen35-122b"), {"speculative_algorithm": "EAGLE3"})
+    assert e.value.message == "ValueError: " + sglang.radix_spec_refusal(arch)

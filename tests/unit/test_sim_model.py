@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import time
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from specdecode_tune.backends import get_backend
+from specdecode_tune.server.failures import classify_failure
 from specdecode_tune.sim.model import (
     StartupError,
     Workload,
@@ -31,9 +34,11 @@ WORKLOAD = Workload.calibration(PROFILE)
 
 
 def spec(steps: int, topk: int = 1, draft: int | None = None, **extra: object) -> dict[str, object]:
+    # The seed's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
     return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps,
             "speculative_eagle_topk": topk,
-            "speculative_num_draft_tokens": steps + 1 if draft is None else draft, **extra}
+            "speculative_num_draft_tokens": steps + 1 if draft is None else draft,
+            "disable_radix_cache": True, **extra}
 
 
 def seed_rows(metric: str) -> list[tuple[int | None, int, float]]:
@@ -114,13 +119,49 @@ def test_partial_speculative_numbers_are_invalid() -> None:
                    {"speculative_num_steps": 3, "speculative_eagle_topk": 1},
                    {"speculative_num_draft_tokens": 4}):
         with pytest.raises(StartupError) as e:
-            startup(PROFILE, {"speculative_algorithm": "EAGLE3", **params})
+            startup(PROFILE, {"speculative_algorithm": "EAGLE3", "disable_radix_cache": True,
+                              **params})
         assert e.value.kind == "invalid_args" and e.value.exit_code == 2
         assert "set together" in e.value.message
 
 
+RADIX_REFUSAL = (
+    "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible "
+    "with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with "
+    "speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+    "SGLANG_ENABLE_SPEC_V2=1.")
+
+
+def test_the_hybrid_seed_model_refuses_speculation_with_radix_cache_as_sglang_does() -> None:
+    # SGLang 0.5.10.post1's _handle_mamba_radix_cache, word for word, for every speculative
+    # point (the same message: a property of the experiment, not of the point), raised from
+    # its argument checks: a traceback and exit 1, before anything loads.
+    assert PROFILE.architecture == "Qwen3_5MoeForConditionalGeneration"
+    messages = set()
+    for params in (spec(4), spec(3, 4, 16), {"speculative_algorithm": "EAGLE3"}):
+        params = {k: v for k, v in params.items() if k != "disable_radix_cache"}
+        with pytest.raises(StartupError) as e:
+            normalize_params(PROFILE, params)
+        assert e.value.kind == "invalid_args" and e.value.exit_code == 1
+        messages.add(e.value.message)
+        text = e.value.log_text()
+        assert text.startswith("Traceback (most recent call last):")
+        assert 'File "sglang/srt/server_args.py", line 2206, in _handle_mamba_radix_cache' in text
+        assert text.endswith(RADIX_REFUSAL)
+    assert messages == {RADIX_REFUSAL}
+    # The server classifier reads it as SGLang's argument check, with SGLang's line.
+    assert classify_failure(1, e.value.log_text(), get_backend("sim")) == (
+        "invalid_args", RADIX_REFUSAL)
+    # No speculation keeps radix cache; --disable-radix-cache makes every point parse.
+    assert startup(PROFILE, {}).params["disable_radix_cache"] is False
+    assert startup(PROFILE, spec(3, 4, 16, cuda_graph_max_bs=8)).draft_tokens == 16
+    # A model SGLang does not treat as hybrid speculates with radix cache on.
+    llama = dataclasses.replace(PROFILE, architecture="LlamaForCausalLM")
+    assert startup(llama, {**spec(4), "disable_radix_cache": False}).speculative
+
+
 def test_no_numbers_means_the_servers_own_choice() -> None:
-    f = startup(PROFILE, {"speculative_algorithm": "EAGLE3"})
+    f = startup(PROFILE, {"speculative_algorithm": "EAGLE3", "disable_radix_cache": True})
     d = PROFILE.defaults
     assert (f.num_steps, f.topk, f.draft_tokens) == (
         d.speculative_num_steps, d.speculative_eagle_topk, d.speculative_num_draft_tokens)
@@ -175,7 +216,8 @@ def test_nodes_past_topk_per_depth_add_cost_not_acceptance() -> None:
     "params",
     [{"speculative_algorithm": "MEDUSA"}, {"mem_fraction_static": 1.2}, {"mem_fraction_static": 0},
      {"tp_size": 0}, {"cuda_graph_max_bs": 0}, {"max_running_requests": 0}, spec(3, 0, 4),
-     {"speculative_algorithm": "EAGLE", "speculative_num_steps": -1}, {"tp_size": True}],
+     {"speculative_algorithm": "EAGLE", "speculative_num_steps": -1, "disable_radix_cache": True},
+     {"tp_size": True}],
 )
 def test_bad_values_are_invalid_args(params: dict[str, object]) -> None:
     with pytest.raises(StartupError) as e:

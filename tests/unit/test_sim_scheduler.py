@@ -27,8 +27,10 @@ from specdecode_tune.sim.scheduler import (
 
 BASE = load_profile("seed-qwen35-122b")
 QUIET = dataclasses.replace(BASE, noise=Noise(boot_sigma=0.0, step_sigma=0.0))
+# The seed's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
 SPEC4 = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 4,
-         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5}
+         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5,
+         "disable_radix_cache": True}
 
 
 async def drain(req: SimRequest) -> list[list[int]]:
