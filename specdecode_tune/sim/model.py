@@ -1,7 +1,7 @@
 """The performance model of speculative decoding: pure functions, no I/O.
 
 `predict(profile, params, concurrency, workload)` gives the steady-state throughput of a closed
-loop at that concurrency, on the `Facts` that `startup.startup` gives (SGLang's start-up rules,
+loop at that concurrency, on the `Facts` that `boot.startup` gives (SGLang's start-up rules,
 memory accounting and draft tree; its names are importable from here too). The real-time server
 (`scheduler.py`) runs the same `step_time` / `prefill_time` / acceptance functions, so what a
 client measures through HTTP converges on `predict`.
@@ -32,8 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specdecode_tune.sim.profile import Profile
-from specdecode_tune.sim.startup import (
+from specdecode_tune.sim.boot import (
     SPEC_ALGORITHMS,
     STARTUP_KINDS,
     Facts,
@@ -43,6 +42,7 @@ from specdecode_tune.sim.startup import (
     startup,
     tree_acceptance,
 )
+from specdecode_tune.sim.profile import Profile
 
 __all__ = [
     "GiB",

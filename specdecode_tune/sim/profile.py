@@ -164,7 +164,7 @@ class Profile:
     source: str = ""   # the file it came from (for messages)
     faults: tuple[str, ...] = ()   # injected faults (see sim/faults.py); none in real profiles
     # The target's `architectures[0]` in its config.json: SGLang's start-up rules that depend
-    # on the model (a hybrid model's radix-cache refusal, see startup.py); "" = none of those.
+    # on the model (a hybrid model's radix-cache refusal, see boot.py); "" = none of those.
     architecture: str = ""
 
 

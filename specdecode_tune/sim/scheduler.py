@@ -30,10 +30,10 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from specdecode_tune.sim.boot import Facts
 from specdecode_tune.sim.metrics import Histogram
 from specdecode_tune.sim.model import prefill_time, step_time
 from specdecode_tune.sim.profile import Profile
-from specdecode_tune.sim.startup import Facts
 
 DECODE_LOG_INTERVAL = 40   # decode iterations per "log interval" (SGLang's default)
 VOCAB_SIZE = 151_936       # ids drawn for synthetic output; any id below it is valid

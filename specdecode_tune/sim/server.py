@@ -37,10 +37,10 @@ from specdecode_tune.sim.api import (
     parse_generate,
     parse_openai,
 )
+from specdecode_tune.sim.boot import Facts, GiB, StartupError, startup
 from specdecode_tune.sim.faults import FaultInjector
 from specdecode_tune.sim.profile import Profile
 from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor
-from specdecode_tune.sim.startup import Facts, GiB, StartupError, startup
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -13,6 +13,7 @@ import pytest
 
 from specdecode_tune.backends import get_backend
 from specdecode_tune.server.failures import classify_failure
+from specdecode_tune.sim.boot import draft_candidates
 from specdecode_tune.sim.model import (
     StartupError,
     Workload,
@@ -25,7 +26,6 @@ from specdecode_tune.sim.model import (
     tree_acceptance,
 )
 from specdecode_tune.sim.profile import load_profile
-from specdecode_tune.sim.startup import draft_candidates
 from specdecode_tune.space import max_draft_tokens
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
