@@ -237,19 +237,27 @@ class SGLangBackend:
         states = info.get("internal_states") or [{}]
         state = states[0] if isinstance(states, list) and states else {}
 
-        def pick(key: str) -> int | None:
-            # The scheduler's effective figure first: the top-level server arg may be the
-            # unset flag (None) even though the scheduler capped it.
-            for src in (state, info):
+        def pick(key: str, *sources: Any) -> int | None:
+            for src in sources or (state, info):
                 value = src.get(key) if isinstance(src, dict) else None
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     return int(value)
             return None
 
-        gpu_ids = info.get("gpu_ids")
+        # The running limit the scheduler enforces: internal_states[0]'s
+        # effective_max_running_requests_per_dp (per DP rank: times dp_size). max_running_requests
+        # is only the flag (48 after the speculative reset, or null), above the effective figure
+        # for hybrid models or a small KV pool; it is the fallback where the effective one is
+        # missing (an older SGLang).
+        running = pick("effective_max_running_requests_per_dp", state)
+        if running is not None:
+            running *= max(1, pick("dp_size", info, state) or 1)
+        else:
+            running = pick("max_running_requests")
+        gpu_ids = info.get("gpu_ids")   # not from SGLang (the trial falls back to its env)
         return ServerFacts(
             max_total_num_tokens=pick("max_total_num_tokens"),
-            max_running_requests=pick("max_running_requests"),
+            max_running_requests=running,
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
             extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
         )

@@ -12,6 +12,7 @@ Memory, per GPU (weights and KV per token are split evenly over `tp_size` ranks)
     KV pool       = static pool - weights(target [+ draft]) - reserved
     max_total_num_tokens = KV pool / (kv_bytes_per_token [+ draft_kv_bytes_per_token]) * tp
     running limit = min(--max-running-requests, max_total_num_tokens // request_reserve_tokens)
+                    (the flag is 48 with speculation when unset, as SGLang resets it)
     headroom need = headroom_fixed + headroom_bytes_per_graph_token * cuda_graph_max_bs * n
 
 where n = tokens verified per request per step (num_draft_tokens, or 1 without speculation).
@@ -48,6 +49,7 @@ from specdecode_tune.sim.profile import Profile
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 STARTUP_KINDS = ("invalid_args", "kv_memory", "oom", "crashed")
 GiB = 1024**3
+SPEC_DEFAULT_MAX_RUNNING = 48     # SGLang's running cap with speculation and no flag
 # Hybrid (linear-attention / mamba) architectures whose radix cache SGLang 0.5.10.post1 refuses
 # to combine with speculation under the default --mamba-scheduler-strategy no_buffer
 # (server_args.py `_handle_model_specific_adjustments` -> `_handle_mamba_radix_cache`,
@@ -119,7 +121,8 @@ class Facts:
     mem_fraction_static: float
     max_total_num_tokens: int
     memory_running_limit: int      # what memory alone allows
-    max_running_requests: int      # effective: min(flag, memory limit)
+    max_running_requests: int      # effective: min(flag, memory limit); the flag (48 with
+                                   # speculation when unset) stays in params
     max_req_input_len: int
     weight_bytes: int              # per GPU
     kv_bytes: int                  # per GPU, the KV pool
@@ -173,7 +176,8 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
     steps = _int_arg(params, "speculative_num_steps", None, 0)
     if algo is None or steps == 0:
         algo, steps, topk, draft = None, 0, 1, 1
-    else:
+    running = _running_flag(params, algo, warnings)
+    if algo is not None:
         steps, topk, draft = _spec_numbers(profile, params, steps, warnings)
     frac = params.get("mem_fraction_static")
     frac = d.mem_fraction_static if frac is None else frac
@@ -188,10 +192,23 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
         mem_fraction_static=float(frac),
         tp_size=_int_arg(params, "tp_size", profile.hardware.tp_size, 1),
         cuda_graph_max_bs=_int_arg(params, "cuda_graph_max_bs", d.cuda_graph_max_bs, 1),
-        max_running_requests=_int_arg(params, "max_running_requests", None, 1),
+        max_running_requests=running,
         disable_radix_cache=bool(params.get("disable_radix_cache")),
     )
     return out, tuple(warnings)
+
+
+def _running_flag(params: Mapping[str, Any], algo: str | None, warnings: list[str]
+                  ) -> int | None:
+    """--max-running-requests as SGLang leaves it: with speculation and no flag, 48 (with its
+    warning; `_handle_speculative_decoding`). The scheduler then takes the lower of this and
+    what memory allows."""
+    flag = _int_arg(params, "max_running_requests", None, 1)
+    if flag is None and algo is not None:
+        warnings.append("Max running requests is reset to 48 for speculative decoding. You can "
+                        "override this by explicitly setting --max-running-requests.")
+        return SPEC_DEFAULT_MAX_RUNNING
+    return flag
 
 
 def _spec_numbers(
@@ -278,7 +295,6 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     hit = profile.acceptance.sibling_hit
     greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, steps, topk, n - 1)
     sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, steps, topk, n - 1)
-    args["max_running_requests"] = running_limit
     return Facts(
         params=args,
         warnings=warnings,

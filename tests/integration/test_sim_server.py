@@ -77,34 +77,39 @@ def test_health_is_503_while_booting_then_200() -> None:
         assert health_status(base, "/health_generate") == 200
 
 
-def test_server_info_fields_and_gpu_ids() -> None:
+def test_server_info_fields_as_sglang_0_5_10() -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5")
     with run_sim(*SPEC4, *FAST, "--random-seed", "7", env=env) as (base, _):
         status, info = _get(base + "/server_info")
         assert status == 200
         assert _get(base + "/get_server_info")[1]["max_total_num_tokens"] == \
             info["max_total_num_tokens"]
-    assert info["gpu_ids"] == ["3", "5"]
+        facts = SimBackend().read_facts(base)
+    assert "gpu_ids" not in info          # SGLang reports none; the trial reads its env
+    assert info["disable_radix_cache"] is True
     assert info["tp_size"] == 2 and info["host"] == "127.0.0.1"
     assert (info["speculative_algorithm"], info["speculative_num_steps"]) == ("EAGLE3", 4)
     assert (info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (1, 5)
     assert info["mem_fraction_static"] == 0.85 and info["cuda_graph_max_bs"] == 64
     assert info["random_seed"] == 7 and info["profile"] == "seed-qwen35-122b"
-    assert info["max_running_requests"] == 12            # derived from memory (steps 4)
+    # The flag as SGLang leaves it (48: speculation without --max-running-requests), and the
+    # scheduler's effective limit, derived from memory at steps 4: the facts reader takes it.
+    assert info["max_running_requests"] == 48
     assert 200_000 < info["max_total_num_tokens"] < 230_000
     assert info["max_req_input_len"] > 0 and info["version"]
     state = info["internal_states"][0]
-    assert state["max_running_requests"] == 12
+    assert state["max_running_requests"] == 48
+    assert state["effective_max_running_requests_per_dp"] == 12
+    assert facts.max_running_requests == 12 and facts.gpu_ids == ()
     assert {"avg_spec_accept_length", "last_gen_throughput", "memory_usage"} <= set(state)
     assert state["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
 
 
-def test_gpu_ids_empty_without_cuda_visible_devices_and_flag_caps_running() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    with run_sim(*SPEC4, *FAST, "--max-running-requests", "5", env=env) as (base, _):
+def test_the_flag_caps_running() -> None:
+    with run_sim(*SPEC4, *FAST, "--max-running-requests", "5") as (base, _):
         info = _get(base + "/server_info")[1]
-    assert info["gpu_ids"] == []
     assert info["max_running_requests"] == 5
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 5
 
 
 def test_topk_one_forces_draft_tokens_with_a_warning() -> None:

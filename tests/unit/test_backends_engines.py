@@ -297,3 +297,23 @@ def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:
     with pytest.raises(StartupError) as e:
         normalize_params(load_profile("seed-qwen35-122b"), {"speculative_algorithm": "EAGLE3"})
     assert e.value.message == "ValueError: " + sglang.radix_spec_refusal(arch)
+
+
+@pytest.mark.parametrize(("info", "running"), [
+    # 0.5.10: the flag (48 after the speculative reset) and the scheduler's effective limit.
+    ({"max_running_requests": 48, "internal_states": [
+        {"max_running_requests": 48, "effective_max_running_requests_per_dp": 17}]}, 17),
+    ({"max_running_requests": 64, "dp_size": 2, "internal_states": [
+        {"max_running_requests": 64, "effective_max_running_requests_per_dp": 20}]}, 40),
+    # No speculation, no flag: null flag, memory's figure.
+    ({"max_running_requests": None, "internal_states": [
+        {"max_running_requests": None, "effective_max_running_requests_per_dp": 2048}]}, 2048),
+    # An SGLang without the effective figure: the flag, wherever it is.
+    ({"max_running_requests": None, "internal_states": [{"max_running_requests": 26}]}, 26),
+    ({"max_running_requests": 30}, 30),
+])
+def test_sglang_facts_read_the_effective_running_limit(monkeypatch: pytest.MonkeyPatch,
+                                                       info: dict, running: int) -> None:
+    monkeypatch.setattr(sglang, "get_json", lambda url, timeout_s: info)
+    facts = get_backend("sglang").read_facts("http://127.0.0.1:1")
+    assert facts.max_running_requests == running and facts.gpu_ids == ()

@@ -168,10 +168,10 @@ def test_no_numbers_means_the_servers_own_choice() -> None:
 
 
 def test_topk_one_forces_draft_tokens_to_steps_plus_one_with_a_warning() -> None:
-    f = startup(PROFILE, spec(3, 1, 8))
+    f = startup(PROFILE, spec(3, 1, 8, max_running_requests=64))
     assert f.draft_tokens == 4 and f.params["speculative_num_draft_tokens"] == 4
     assert len(f.warnings) == 1 and "adjusted" in f.warnings[0]
-    assert startup(PROFILE, spec(3, 1, 4)).warnings == ()
+    assert startup(PROFILE, spec(3, 1, 4, max_running_requests=64)).warnings == ()
 
 
 def test_more_draft_tokens_than_the_tree_holds_fails_at_boot_as_sglang_does() -> None:
@@ -262,6 +262,26 @@ def test_smaller_graph_batch_frees_kv_and_makes_steps_10_fit() -> None:
 def test_max_running_requests_flag_caps_the_derived_limit() -> None:
     assert startup(PROFILE, spec(1, max_running_requests=4)).max_running_requests == 4
     assert startup(PROFILE, spec(1, max_running_requests=1000)).max_running_requests == 26
+
+
+def test_speculation_without_the_flag_caps_running_at_48_as_sglang_does() -> None:
+    # _handle_speculative_decoding: max_running_requests unset -> 48, with its warning; the
+    # server args then say 48 and the scheduler runs min(48, what memory allows).
+    big = dataclasses.replace(PROFILE, memory=dataclasses.replace(
+        PROFILE.memory, request_reserve_tokens=1000))
+    f = startup(big, spec(1))
+    assert f.params["max_running_requests"] == 48 and f.max_running_requests == 48
+    assert f.memory_running_limit > 48
+    assert f.warnings == ("Max running requests is reset to 48 for speculative decoding. You "
+                          "can override this by explicitly setting --max-running-requests.",)
+    assert startup(big, spec(1, max_running_requests=64)).max_running_requests == 64
+    # The seed's memory allows fewer: the flag says 48, the effective limit is memory's.
+    seed = startup(PROFILE, spec(4))
+    assert (seed.params["max_running_requests"], seed.max_running_requests) == (48, 12)
+    # No speculation, no flag: nothing set, memory decides.
+    plain = startup(big, {})
+    assert plain.params["max_running_requests"] is None
+    assert plain.max_running_requests == plain.memory_running_limit > 48
 
 
 # ----------------------------------------------------------------------------- model invariants
