@@ -49,10 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--speculative-ngram-max-bfs-breadth", type=int, default=None,
+                   help="NGRAM's tree breadth (its topk), as SGLang's")
+    for flag in ("--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-trie-depth",
+                 "--speculative-ngram-capacity"):
+        p.add_argument(flag, type=int, default=None, help="accepted and ignored")
+    p.add_argument("--speculative-ngram-match-type", choices=("BFS", "PROB"), default=None,
+                   help="accepted and ignored")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="as SGLang's: each /generate chunk carries only its new text and ids")
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="as SGLang's (the simulator caches no prefix either way); speculation "
                         "on a hybrid model's profile needs it, as in SGLang 0.5.10")

@@ -46,7 +46,12 @@ from typing import Any
 from specdecode_tune.errors import SpecTuneError
 from specdecode_tune.sim.profile import Profile
 
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+# SGLang 0.5.10's --speculative-algorithm choices. NEXTN runs as EAGLE. NGRAM drafts from an
+# n-gram trie of the text so far, no draft model; SGLang refuses it off CUDA ("Ngram
+# speculative decoding only supports CUDA device."), the simulator stands in for a CUDA server.
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+NGRAM_DEFAULT_DRAFT_TOKENS = 12       # SGLang's default for NGRAM
+NGRAM_DEFAULT_MAX_BFS_BREADTH = 10    # --speculative-ngram-max-bfs-breadth, NGRAM's topk
 STARTUP_KINDS = ("invalid_args", "kv_memory", "oom", "crashed")
 GiB = 1024**3
 SPEC_DEFAULT_MAX_RUNNING = 48     # SGLang's running cap with speculation and no flag
@@ -110,7 +115,8 @@ class Facts:
     params: Mapping[str, Any] = field(hash=False)   # normalized server args (SGLang names)
     warnings: tuple[str, ...]
     speculative: bool
-    num_steps: int                 # 0 without speculation
+    draft_model: bool              # draft passes and a draft model's memory (not NGRAM)
+    num_steps: int                 # tree depth: 0 without speculation
     topk: int
     draft_tokens: int              # tokens verified per request per step (1 without speculation)
     tree_widths: tuple[int, ...]   # draft nodes per depth
@@ -176,8 +182,12 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
     steps = _int_arg(params, "speculative_num_steps", None, 0)
     if algo is None or steps == 0:
         algo, steps, topk, draft = None, 0, 1, 1
+    if algo == "NEXTN":
+        algo = "EAGLE"
     running = _running_flag(params, algo, warnings)
-    if algo is not None:
+    if algo == "NGRAM":
+        steps, topk, draft = _ngram_numbers(params, steps, warnings)
+    elif algo is not None:
         steps, topk, draft = _spec_numbers(profile, params, steps, warnings)
     frac = params.get("mem_fraction_static")
     frac = d.mem_fraction_static if frac is None else frac
@@ -186,7 +196,7 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
                            f"error: --mem-fraction-static = {frac!r}: must be in (0, 1)")
     out.update(
         speculative_algorithm=algo,
-        speculative_num_steps=steps if algo else None,
+        speculative_num_steps=steps if algo else None,   # NGRAM: as given (SGLang's None)
         speculative_eagle_topk=topk if algo else None,
         speculative_num_draft_tokens=draft if algo else None,
         mem_fraction_static=float(frac),
@@ -209,6 +219,23 @@ def _running_flag(params: Mapping[str, Any], algo: str | None, warnings: list[st
                         "override this by explicitly setting --max-running-requests.")
         return SPEC_DEFAULT_MAX_RUNNING
     return flag
+
+
+def _ngram_numbers(params: Mapping[str, Any], steps: int | None, warnings: list[str]
+                   ) -> tuple[int | None, int, int]:
+    """(steps as given, topk, draft tokens) for NGRAM as SGLang sets them: topk is the trie's
+    --speculative-ngram-max-bfs-breadth, draft tokens 12 unless given (with its warning)."""
+    topk = _int_arg(params, "speculative_ngram_max_bfs_breadth", NGRAM_DEFAULT_MAX_BFS_BREADTH, 1)
+    draft = _int_arg(params, "speculative_num_draft_tokens", None, 1)
+    if draft is None:
+        warnings.append("speculative_num_draft_tokens is set to 12 by default for ngram "
+                        "speculative decoding. You can override this by explicitly setting "
+                        "--speculative-num-draft-tokens.")
+        draft = NGRAM_DEFAULT_DRAFT_TOKENS
+    if draft < 2:
+        raise StartupError("invalid_args",
+                           f"error: --speculative-num-draft-tokens = {draft}: must be >= 2")
+    return steps, topk, draft
 
 
 def _spec_numbers(
@@ -245,14 +272,17 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     args, warnings = normalize_params(profile, params)
     m, hw = profile.memory, profile.hardware
     spec = args["speculative_algorithm"] is not None
-    steps = args["speculative_num_steps"] or 0
+    ngram = args["speculative_algorithm"] == "NGRAM"
+    draft_model = spec and not ngram     # NGRAM loads no draft model and runs no draft passes
     topk = args["speculative_eagle_topk"] or 1
     n = args["speculative_num_draft_tokens"] or 1
+    # NGRAM's trie paths may run as deep as its draft tokens; the EAGLE tree is `steps` deep.
+    steps = n - 1 if ngram else args["speculative_num_steps"] or 0
     tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
 
     gpu = hw.gpu_memory_bytes
-    weights = (m.target_weight_bytes + (m.draft_weight_bytes if spec else 0)) / tp
-    cell = (m.kv_bytes_per_token + (m.draft_kv_bytes_per_token if spec else 0)) / tp
+    weights = (m.target_weight_bytes + (m.draft_weight_bytes if draft_model else 0)) / tp
+    cell = (m.kv_bytes_per_token + (m.draft_kv_bytes_per_token if draft_model else 0)) / tp
     reserved = m.pool_fixed_bytes + m.pool_bytes_per_graph_token * gbs * n
     kv_bytes = frac * gpu - weights - reserved
     kv_tokens = int(kv_bytes // cell) if kv_bytes > 0 else 0
@@ -280,7 +310,7 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             "4. set --max-running-requests lower",
         )
     pool = draft_candidates(steps, topk)
-    if spec and n - 1 > pool:
+    if draft_model and n - 1 > pool:
         # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
         # runs draft_forward, whose organize_draft_results does torch.topk(scores, n - 1) over
         # a pool of `pool` candidates (eagle_draft_cuda_graph_runner.py wraps the error).
@@ -299,6 +329,7 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
         params=args,
         warnings=warnings,
         speculative=spec,
+        draft_model=draft_model,
         num_steps=steps,
         topk=topk,
         draft_tokens=n,

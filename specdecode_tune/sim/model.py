@@ -11,11 +11,13 @@ Step time for a decode iteration with b running requests (s steps, topk k, n dra
     m = b * n tokens verified; m_pad = m rounded up to a multiple of verify_token_tile
     t = decode_fixed + scale * (verify_moe * (1 - (1 - moe_route_fraction) ** m)
                                 + verify_per_token * m_pad)
-        [+ spec_fixed + s * (draft_step_fixed + scale * draft_step_per_token * b * k)]
+        [+ spec_fixed [+ s * (draft_step_fixed + scale * draft_step_per_token * b * k)]]
     t *= eager_factor when b > cuda_graph_max_bs;  scale = (profile tp / tp) ** tp_scaling_exponent
 
 The MoE term is the share of routed experts that m tokens touch (each one read once per pass);
-the tile makes shelves: at batch 1 every draft length up to the tile costs the same.
+the tile makes shelves: at batch 1 every draft length up to the tile costs the same. The draft
+passes (the inner bracket) are a draft model's: NGRAM has none. NGRAM's acceptance uses the
+profile's tables too (calibrated for its draft model: a stand-in, not an n-gram calibration).
 
 Closed-loop steady state at concurrency C (ignore_eos, fixed lengths; see `predict`):
 R = min(C, running limit, KV tokens // (input + output)) requests run, the rest queue. Each
@@ -138,7 +140,9 @@ def step_time(profile: Profile, facts: Facts, batch: float) -> float:
         c.verify_moe_s * (1.0 - (1.0 - c.moe_route_fraction) ** m) + c.verify_per_token_s * m_pad
     )
     if facts.speculative:
-        t += c.spec_fixed_s + facts.num_steps * (
+        t += c.spec_fixed_s
+    if facts.draft_model:
+        t += facts.num_steps * (
             c.draft_step_fixed_s + scale * c.draft_step_per_token_s * batch * facts.topk
         )
     if batch > facts.cuda_graph_max_bs:

@@ -239,7 +239,8 @@ class Routes:
         return await self._serve(
             request,
             lambda body: parse_generate(body, self.sim.profile.defaults.max_new_tokens),
-            lambda req, params: SglangFormat(req, nodes),
+            lambda req, params: SglangFormat(
+                req, nodes, bool(self.sim.args.get("incremental_streaming_output"))),
             refusal_in_stream=True,
         )
 

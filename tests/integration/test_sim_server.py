@@ -4,6 +4,7 @@ signals."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -112,6 +113,21 @@ def test_the_flag_caps_running() -> None:
     assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 5
 
 
+def test_ngram_serves_with_sglangs_defaults() -> None:
+    # 12 draft tokens fit the seed profile's KV only with fewer captured batch sizes.
+    with run_sim("--speculative-algorithm", "NGRAM", NO_RADIX, "--cuda-graph-max-bs", "16",
+                 *FAST) as (base, proc):
+        info = _get(base + "/server_info")[1]
+        status, body = _post(base + "/generate", {"text": "a b", "sampling_params": {
+            "max_new_tokens": 20, "temperature": 0}})
+        log = sim_log(proc)
+    assert (info["speculative_algorithm"], info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"]) == ("NGRAM", 10, 12)
+    assert status == 200 and body["meta_info"]["spec_draft_token_num"] == \
+        11 * body["meta_info"]["spec_verify_ct"]
+    assert "set to 12 by default for ngram" in log
+
+
 def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
     args = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", NO_RADIX)
@@ -190,7 +206,12 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert chunks[-1] == {"done": True}
     data = chunks[:-1]
     final = data[-1]["meta_info"]
-    assert sum(len(c["output_ids"]) for c in data) == final["completion_tokens"] == 40
+    # output_ids cumulative, as SGLang streams by default; spec fields on the final chunk only.
+    assert len(data[-1]["output_ids"]) == final["completion_tokens"] == 40
+    assert all(len(c["output_ids"]) == c["meta_info"]["completion_tokens"] for c in data)
+    assert all(a["output_ids"] == b["output_ids"][:len(a["output_ids"])]
+               for a, b in itertools.pairwise(data))
+    assert not any(k.startswith("spec_") for c in data[:-1] for k in c["meta_info"])
     counts = [c["meta_info"]["completion_tokens"] for c in data]
     assert counts == sorted(counts)
     assert data[-1]["text"].split() and len(data[-1]["text"].split()) == 40       # cumulative text
@@ -199,11 +220,11 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert all(c["meta_info"]["finish_reason"] is None for c in data[:-1])
     verify = final["spec_verify_ct"]
     assert final["spec_accept_length"] == pytest.approx(40 / verify)
-    assert 40 == 1 + verify + final["spec_num_correct_drafts"]  # noqa: SIM300 (the total first)
-    assert final["spec_num_proposed_drafts"] == 4 * verify
-    hist = final["spec_correct_drafts_histogram"]
+    assert 40 == 1 + verify + final["spec_accept_token_num"]  # noqa: SIM300 (the total first)
+    assert final["spec_draft_token_num"] == 4 * verify
+    hist = final["spec_accept_histogram"]
     assert len(hist) == 5 and sum(hist) == verify
-    assert sum(i * n for i, n in enumerate(hist)) == final["spec_num_correct_drafts"]
+    assert sum(i * n for i, n in enumerate(hist)) == final["spec_accept_token_num"]
     assert len(data) == verify + 1                     # a chunk per iteration: prefill, verifies
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(39 / verify)
 
@@ -345,6 +366,7 @@ def test_client_disconnects_free_slots_and_kv() -> None:
 
 def test_metrics_names_and_flush_cache() -> None:
     with run_sim(*SPEC4, *FAST) as (base, _):
+        before = asyncio.run(_metrics_text(base))
         _post(base + "/generate",
               {"text": "a b", "sampling_params": {"max_new_tokens": 30, "temperature": 0}})
 
@@ -356,8 +378,18 @@ def test_metrics_names_and_flush_cache() -> None:
         model = _get(base + "/model_info")[1]
     for name in ("sglang:generation_tokens_total", "sglang:num_running_reqs",
                  "sglang:num_queue_reqs", "sglang:token_usage", "sglang:spec_accept_length",
-                 "sglang:time_to_first_token_seconds_bucket"):
+                 "sglang:time_to_first_token_seconds_bucket",
+                 "sglang:inter_token_latency_seconds_bucket",
+                 "sglang:e2e_request_latency_seconds_bucket"):
         assert f"\n{name}{{" in "\n" + body, name
+    # SGLang 0.5.10 has no time-per-output-token histogram, and its labelled histograms show
+    # samples only once a request has been observed.
+    assert "sglang:time_per_output_token_seconds" not in body
+    assert "\nsglang:inter_token_latency_seconds_bucket{" not in before
+    assert "# TYPE sglang:inter_token_latency_seconds histogram" in before
+    # 29 tokens after the first, each counted once (a chunk of n counts n observations).
+    assert 'sglang:inter_token_latency_seconds_count{model_name="Qwen/Qwen3.5-122B-A10B-FP8"} ' \
+           '29' in body
     assert 'sglang:generation_tokens_total{model_name="Qwen/Qwen3.5-122B-A10B-FP8"} 30.0' in body
     assert flushed[0] == 200
     assert model["model_path"] == "Qwen/Qwen3.5-122B-A10B-FP8"

@@ -50,14 +50,17 @@ async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: f
         nonlocal counted
         while True:
             async with session.post(base + "/generate", json=body) as r:
+                seen = 0      # output_ids are cumulative: a chunk's new tokens are the growth
                 async for raw in r.content:
                     if not raw.startswith(b"data: {"):
                         continue
                     now = time.perf_counter()
                     if now > end:
                         return      # leaves mid-stream: the server aborts the request
+                    total = len(json.loads(raw[6:])["output_ids"])
                     if now >= start:
-                        counted += len(json.loads(raw[6:])["output_ids"])
+                        counted += total - seen
+                    seen = total
 
     timeout = aiohttp.ClientTimeout(total=warmup + window + 60)
     async with aiohttp.ClientSession(timeout=timeout) as session:

@@ -160,6 +160,30 @@ def test_the_hybrid_seed_model_refuses_speculation_with_radix_cache_as_sglang_do
     assert startup(llama, {**spec(4), "disable_radix_cache": False}).speculative
 
 
+def test_ngram_is_an_algorithm_with_sglangs_defaults_and_no_draft_model() -> None:
+    # SGLang 0.5.10: NGRAM takes topk from --speculative-ngram-max-bfs-breadth (10), draft
+    # tokens 12 unless given, the 48 cap; no draft model (no draft weights, KV or passes), and
+    # no EAGLE draft-pool limit. (SGLang refuses it off CUDA; the sim stands in for CUDA.)
+    ngram = {"speculative_algorithm": "NGRAM", "disable_radix_cache": True}
+    args, warnings = normalize_params(PROFILE, ngram)
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"],
+            args["speculative_num_draft_tokens"]) == (None, 10, 12)
+    assert args["max_running_requests"] == 48
+    assert any("set to 12 by default for ngram" in w for w in warnings)
+    args, _ = normalize_params(PROFILE, {**ngram, "speculative_ngram_max_bfs_breadth": 4,
+                                         "speculative_num_draft_tokens": 5,
+                                         "speculative_eagle_topk": 2})
+    assert (args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == (4, 5)
+    f = startup(PROFILE, {**ngram, "speculative_num_draft_tokens": 5})
+    eagle = startup(PROFILE, spec(4, 4, 5))
+    assert f.speculative and not f.draft_model and eagle.draft_model
+    assert f.max_total_num_tokens > eagle.max_total_num_tokens       # no draft weights or KV
+    assert step_time(PROFILE, f, 8) < step_time(PROFILE, eagle, 8)    # no draft passes
+    # NEXTN runs as EAGLE, as in SGLang.
+    assert startup(PROFILE, {**spec(3), "speculative_algorithm": "NEXTN"}).params[
+        "speculative_algorithm"] == "EAGLE"
+
+
 def test_no_numbers_means_the_servers_own_choice() -> None:
     f = startup(PROFILE, {"speculative_algorithm": "EAGLE3", "disable_radix_cache": True})
     d = PROFILE.defaults
