@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.sim.boot import StartupError, normalize_params
+from specdecode_tune.sim.arguments import StartupError, normalize_params
 from specdecode_tune.sim.faults import FaultInjector, parse_fault, parse_faults
 from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
 from specdecode_tune.sim.server import InjectedCrash, SimServer, make_app

@@ -1,10 +1,11 @@
 """The performance model of speculative decoding: pure functions, no I/O.
 
 `predict(profile, params, concurrency, workload)` gives the steady-state throughput of a closed
-loop at that concurrency, on the `Facts` that `boot.startup` gives (SGLang's start-up rules,
-memory accounting and draft tree; its names are importable from here too). The real-time server
-(`scheduler.py`) runs the same `step_time` / `prefill_time` / acceptance functions, so what a
-client measures through HTTP converges on `predict`.
+loop at that concurrency, on the `Facts` that `boot.startup` gives (SGLang's argument checks,
+memory accounting and draft tree; the public names of `arguments` and `boot` are importable
+from here too). The real-time server (`scheduler.py`) runs the same `step_time` /
+`prefill_time` / acceptance functions, so what a client measures through HTTP converges on
+`predict`.
 
 Step time for a decode iteration with b running requests (s steps, topk k, n draft tokens):
 
@@ -34,16 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specdecode_tune.sim.boot import (
+from specdecode_tune.sim.arguments import (
     SPEC_ALGORITHMS,
     STARTUP_KINDS,
-    Facts,
-    GiB,
     StartupError,
     normalize_params,
-    startup,
-    tree_acceptance,
 )
+from specdecode_tune.sim.boot import Facts, GiB, startup, tree_acceptance
 from specdecode_tune.sim.profile import Profile
 
 __all__ = [

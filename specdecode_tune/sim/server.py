@@ -36,7 +36,8 @@ from specdecode_tune.sim.api import (
     parse_generate,
     parse_openai,
 )
-from specdecode_tune.sim.boot import Facts, GiB, StartupError, startup
+from specdecode_tune.sim.arguments import StartupError
+from specdecode_tune.sim.boot import Facts, GiB, startup
 from specdecode_tune.sim.faults import FaultInjector
 from specdecode_tune.sim.profile import Profile
 from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor

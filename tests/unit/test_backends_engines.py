@@ -14,7 +14,7 @@ from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
 from specdecode_tune.config.reader import Table
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.sim.boot import RADIX_SPEC_REFUSED, StartupError, normalize_params
+from specdecode_tune.sim.arguments import RADIX_SPEC_REFUSED, StartupError, normalize_params
 from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.space import resolve
 
