@@ -65,7 +65,7 @@ from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
 from specdecode_tune.sim.model import Facts, Workload, predict, startup
 from specdecode_tune.sim.profile import Profile, load_profile
-from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, resolve
+from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, max_draft_tokens, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sim-default.toml"
@@ -133,7 +133,7 @@ def space_points(exp: Experiment) -> list[dict[str, Any]]:
         if steps == 0:
             continue
         drafts = [None] if topk == 1 else [
-            d for d in specs[DRAFT].values() if d <= steps * topk + 1]
+            d for d in specs[DRAFT].values() if d <= max_draft_tokens(steps, topk)]
         for d in drafts:
             sampled = {STEPS: steps, TOPK: topk, MEM: mem, **({DRAFT: d} if d else {})}
             params = resolve(sampled, exp.backend.flags)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
                     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                     "--mem-fraction-static", "0.88", "--cuda-graph-max-bs", "64",
-                    "--max-running-requests", str(args.streams),
+                    "--max-running-requests", str(args.streams), "--disable-radix-cache",
                     "--host", "{host}", "--port", "{port}"]
         with ServerProcess(argv_sim, log_path=Path(tmp) / "sim.log", boot_timeout_s=60,
                            term_grace_s=5) as srv:

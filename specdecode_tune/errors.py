@@ -28,10 +28,11 @@ Defined here (the errors a user of the CLIs or of the package meets):
 Defined in the simulator (`specdecode_tune.sim`, a separate server program):
 
     SpecTuneError
-    └── sim.model.StartupError   the simulated server cannot start; `.kind` is invalid_args,
-                                 kv_memory or oom, `.exit_code` 2 or 1. The simulator's CLI
-                                 logs it as SGLang would and exits with that code; the search's
-                                 pre-flight turns one from `normalize_params` into a ConfigError.
+    └── sim.model.StartupError   the simulated server cannot start (defined in sim.arguments);
+                                 `.kind` is invalid_args, kv_memory, oom or crashed,
+                                 `.exit_code` 2 or 1. The simulator's CLI logs it as SGLang
+                                 would and exits with that code; the search's pre-flight turns
+                                 one from `normalize_params` into a ConfigError.
     ValueError
     ├── sim.api.BadRequest       a request body the simulator answers with HTTP 400
     └── sim.scheduler.RequestRejected  a request that can never be served (too long): HTTP 400

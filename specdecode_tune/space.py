@@ -4,11 +4,18 @@ SGLang's rules for its speculative flags decide which points are real configurat
 - the three numbers (steps, topk, draft tokens) are set together or not at all;
 - with topk = 1 the server forces draft tokens = steps + 1, so draft tokens are derived, not
   searched (searching them would boot the same server twice under two names);
-- `steps * topk + 1 < draft tokens` is refused: such a point is never booted;
+- draft tokens above `max_draft_tokens(steps, topk)` = 1 + topk + (steps - 1) * topk^2 are
+  refused: such a point is never booted. That is the size of SGLang's candidate pool
+  (`EAGLEWorker.draft_forward`: topk candidates at the first step, topk^2 at each later one),
+  from which `eagle_utils.organize_draft_results` keeps draft tokens - 1 with `torch.topk`; a
+  larger count fails at boot ("selected index k out of range", docs/engines-sglang.md
+  section 4). (`steps * topk + 1` is only the grid filter of SGLang's
+  `scripts/playground/bench_speculative.py`, not a server rule.)
 - steps = 0 means no speculation: the baseline.
 
 Values come from, in order: the searched parameters, the backend's fixed flags, defaults
-(topk 1; draft tokens = the whole tree, steps * topk + 1, when topk > 1 and nothing says).
+(topk 1; draft tokens = steps * topk + 1, one node per step and branch, when topk > 1 and
+nothing says: SGLang has no default then, and the backend always passes all three).
 """
 
 from __future__ import annotations
@@ -94,6 +101,12 @@ class ParamSpec:
         return self.lo - 1e-9 <= value <= self.hi + 1e-9
 
 
+def max_draft_tokens(steps: int, topk: int) -> int:
+    """The most draft tokens SGLang's EAGLE draft tree takes for (steps, topk): the root plus
+    every candidate of its pool, topk + (steps - 1) * topk^2 (topk = 1: steps + 1)."""
+    return 1 + topk + (steps - 1) * topk * topk
+
+
 def is_baseline(params: Mapping[str, Any]) -> bool:
     """No speculation: steps = 0 (or unset with no algorithm)."""
     return int(params.get(STEPS) or 0) == 0
@@ -132,9 +145,11 @@ def invalid_reason(params: Mapping[str, Any]) -> str | None:
         return f"steps = {steps} and topk = {topk} must be >= 1"
     if draft < 2:
         return f"speculative_num_draft_tokens = {draft} must be >= 2"
-    if steps * topk + 1 < draft:
-        return (f"speculative_num_draft_tokens = {draft} > steps * topk + 1 = "
-                f"{steps * topk + 1}: the draft tree has no room for that many tokens")
+    top = max_draft_tokens(steps, topk)
+    if draft > top:
+        return (f"speculative_num_draft_tokens = {draft} > {top}: SGLang's draft tree for "
+                f"steps = {steps}, topk = {topk} has topk + (steps - 1) * topk^2 = {top - 1} "
+                f"candidates and keeps draft tokens - 1 of them")
     mem = params.get(MEM)
     if mem is not None and not 0 < float(mem) <= 1:
         return f"mem_fraction_static = {mem} must be in (0, 1]"
@@ -171,7 +186,7 @@ def first_valid_point(space: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> d
             if any(s.name == TOPK for s in space):
                 point[TOPK] = topk
             if draft is not None and topk > 1 and steps > 0:
-                top = steps * topk + 1
+                top = max_draft_tokens(steps, topk)
                 if draft.type == "categorical":
                     fits = [int(d) for d in draft.choices if 2 <= int(d) <= top]
                     if not fits:
@@ -217,9 +232,9 @@ class DefineByRun:
         if topk == 1:
             return {DRAFT: steps + 1}
         if draft_spec is not None:
-            if draft_spec.type == "int" and draft_spec.lo <= steps * topk + 1:
-                trial.suggest_int(DRAFT, int(draft_spec.lo),
-                                  min(int(draft_spec.hi), steps * topk + 1))
+            top = max_draft_tokens(steps, topk)
+            if draft_spec.type == "int" and draft_spec.lo <= top:
+                trial.suggest_int(DRAFT, int(draft_spec.lo), min(int(draft_spec.hi), top))
             else:
                 _suggest(trial, draft_spec)
         return None

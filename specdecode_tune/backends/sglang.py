@@ -3,17 +3,25 @@
 SGLang's rules that shape the argv (../shared/SERVERS.md): the three speculative numbers are
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
 or fixed setting is passed as `--name-with-dashes value`, a true boolean as a bare flag.
+
+What differs between SGLang releases lives here too (docs/engines-sglang.md, each fact with
+its source): the backend knows the release its servers run (`engine_version`: the experiment's
+`backend.engine_version`, else the sglang installed in this Python, else `DEFAULT_VERSION`, the
+release the project's contract tests run) and emits only what that release accepts.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shlex
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
@@ -72,6 +80,72 @@ STREAM_FORMAT = StreamFormat(
     drafted=("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num"),
     histogram=("spec_correct_drafts_histogram", "spec_accept_histogram"),
 )
+
+# The release the contract tests parse with (tests/contract, scripts/install_sglang_cpu.sh) and
+# the simulator imitates; the default when nothing says which release the servers run.
+DEFAULT_VERSION = "0.5.10.post1"
+# --speculative-adaptive / --speculative-adaptive-config exist from 0.5.11 (argparse refuses
+# them before: exit 2); the per-batch-size file the report writes (keys = batch sizes, each
+# {"candidate_steps": [...]}) is read from 0.5.13 (0.5.11-0.5.12 take one flat object).
+ADAPTIVE_FLAGS_SINCE = "0.5.11"
+ADAPTIVE_PER_BATCH_SIZE_SINCE = "0.5.13"
+
+# Hybrid (linear-attention / mamba) architectures whose speculation SGLang refuses with radix
+# cache on under the default --mamba-scheduler-strategy no_buffer, at argument checking
+# (server_args.py `_handle_mamba_radix_cache`, 0.5.10.post1 to 0.5.13; from 0.5.14 its
+# --mamba-radix-cache-strategy auto picks a buffer itself). Qwen3.5-MoE, the seed's, is one.
+RADIX_SPEC_REFUSED = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                      "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM",
+                      "FalconH1ForCausalLM", "JetNemotronForCausalLM",
+                      "JetVLMForConditionalGeneration", "Lfm2ForCausalLM")
+RADIX_SPEC_ALLOWED_SINCE = "0.5.14"
+
+
+def radix_spec_refusal(arch: str) -> str:
+    """SGLang's words for that refusal (sic: no space after the first period)."""
+    return (f"Speculative decoding for {arch} is not compatible with radix cache when using "
+            "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, "
+            "please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
+
+
+def local_architecture(model_path: str) -> str | None:
+    """`architectures[0]` of a local model folder's config.json, or None (a hub id, a path not
+    on this machine, no readable config)."""
+    path = os.path.join(os.path.expandvars(os.path.expanduser(model_path)), "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            archs = json.load(f).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A release's order: its numbers, then 1 for a final or post release, 0 for a pre-release
+    (0.5.13rc0 < 0.5.13 <= 0.5.13.post1)."""
+    m = _RELEASE.fullmatch(version.strip())
+    if m is None:
+        raise ValueError(f"not a release number: {version!r}")
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    pre = re.match(r"\.?(rc|a|b|dev)", m.group(2)) is not None
+    return (*nums, *(0,) * (4 - len(nums)), 0 if pre else 1)
+
+
+def at_least(version: str, since: str) -> bool:
+    return version_key(version) >= version_key(since)
+
+
+@functools.cache
+def installed_version() -> str | None:
+    """The sglang release installed in this Python, or None (read once)."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
@@ -153,10 +227,23 @@ class SGLangBackend:
         return dict(cfg.env)
 
     def validate(self, cfg: BackendConfig) -> None:
+        """A hybrid model's speculation refused at every boot (when its config.json is on this
+        machine; a hub id is left to the server)."""
         if "--api-key" in cfg.extra_args:
             raise ConfigError("backend.extra_args: --api-key would put the key in the run's "
                               "tables and report; export it and name the variable in "
                               "backend.api_key_env instead")
+        if (not cfg.speculative_algorithm or cfg.flags.get("disable_radix_cache")
+                or cfg.flags.get("mamba_scheduler_strategy") == "extra_buffer"):
+            return
+        version, origin = self.engine_version(cfg)
+        arch = local_architecture(cfg.model_path)
+        if arch in RADIX_SPEC_REFUSED and not at_least(version, RADIX_SPEC_ALLOWED_SINCE):
+            raise ConfigError(
+                f"backend: SGLang {version} ({origin}) refuses every speculative server of "
+                f"{arch} (a hybrid model) with radix cache on: \"{radix_spec_refusal(arch)}\"; "
+                f"set disable_radix_cache = true in [backend.flags] (docs/engines-sglang.md "
+                f"section 1)")
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each
@@ -171,6 +258,30 @@ class SGLangBackend:
         head = [cfg.binary] if cfg.binary else ["python", "-m", "sglang.launch_server"]
         return shlex.join(head + self.server_args(cfg, params)) + self.key_text(cfg)
 
+    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
+        """(the SGLang release the servers run, where that comes from)."""
+        if cfg.engine_version:
+            return cfg.engine_version, "backend.engine_version"
+        installed = installed_version()
+        if installed is not None:
+            return installed, "the sglang installed here"
+        return DEFAULT_VERSION, "the default; set backend.engine_version to yours"
+
+    def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
+                         config_path: str) -> tuple[str | None, str]:
+        """(the launch command of a per-batch-size steps schedule read from `config_path`,
+        '') for a release that takes one, else (None, which release it needs and why)."""
+        version, origin = self.engine_version(cfg)
+        if not at_least(version, ADAPTIVE_PER_BATCH_SIZE_SINCE):
+            flags = ("has no --speculative-adaptive / --speculative-adaptive-config (they come "
+                     f"in {ADAPTIVE_FLAGS_SINCE})" if not at_least(version, ADAPTIVE_FLAGS_SINCE)
+                     else "reads --speculative-adaptive-config as one flat object")
+            return None, (f"No SGLang schedule command: SGLang {version} ({origin}) {flags}; "
+                          f"the per-batch-size file written here needs SGLang >= "
+                          f"{ADAPTIVE_PER_BATCH_SIZE_SINCE}.")
+        return self.launch_command(cfg, {**params, "speculative_adaptive": True,
+                                          "speculative_adaptive_config": config_path}), ""
+
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         info: dict[str, Any] = {}
         for path in ("/server_info", "/get_server_info"):
@@ -182,19 +293,27 @@ class SGLangBackend:
         states = info.get("internal_states") or [{}]
         state = states[0] if isinstance(states, list) and states else {}
 
-        def pick(key: str) -> int | None:
-            # The scheduler's effective figure first: the top-level server arg may be the
-            # unset flag (None) even though the scheduler capped it.
-            for src in (state, info):
+        def pick(key: str, *sources: Any) -> int | None:
+            for src in sources or (state, info):
                 value = src.get(key) if isinstance(src, dict) else None
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     return int(value)
             return None
 
-        gpu_ids = info.get("gpu_ids")
+        # The running limit the scheduler enforces: internal_states[0]'s
+        # effective_max_running_requests_per_dp (per DP rank: times dp_size). max_running_requests
+        # is only the flag (48 after the speculative reset, or null), above the effective figure
+        # for hybrid models or a small KV pool; it is the fallback where the effective one is
+        # missing (an older SGLang).
+        running = pick("effective_max_running_requests_per_dp", state)
+        if running is not None:
+            running *= max(1, pick("dp_size", info, state) or 1)
+        else:
+            running = pick("max_running_requests")
+        gpu_ids = info.get("gpu_ids")   # not from SGLang (the trial falls back to its env)
         return ServerFacts(
             max_total_num_tokens=pick("max_total_num_tokens"),
-            max_running_requests=pick("max_running_requests"),
+            max_running_requests=running,
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
             extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
         )
@@ -270,6 +389,12 @@ class SimBackend(SGLangBackend):
         # The simulator also reads the key from a variable it is named (its own flag), so the
         # key stays off its command line.
         return ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []
+
+    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
+        # The simulator imitates DEFAULT_VERSION whatever is installed here.
+        if cfg.engine_version:
+            return cfg.engine_version, "backend.engine_version"
+        return DEFAULT_VERSION, "the release the simulator imitates; set backend.engine_version"
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         # The simulator stands in for SGLang: the command to take away is SGLang's.

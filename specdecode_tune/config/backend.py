@@ -9,6 +9,7 @@ their own working directories. Anything else is kept as written (a Hugging Face 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from .reader import MISSING, Table
 
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
 APIS = ("generate", "completions", "chat")
+# A release as its wheel names it: 0.5.10.post1, 0.5.13, 0.5.14rc0.
+_VERSION = re.compile(r"\d+(\.\d+)+(\.?(post|rc|a|b|dev)\d+)*")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class BackendConfig:
     binary: str | None = None          # server program (llama-server path); None = default
     profile: str | None = None         # sim only: performance profile name or path
     boot_time_s: float | None = None   # sim only: override the profile's boot time
+    # sglang / sim: the SGLang release the servers run (which flags exist; see
+    # backends/sglang.py); None = the installed sglang's, else the one the project checked.
+    engine_version: str | None = None
 
     @classmethod
     def from_table(cls, t: Table, base_dir: Path | None = None) -> BackendConfig:
@@ -62,12 +68,20 @@ class BackendConfig:
             binary=_optional_path(t, "binary", base_dir, bare=False),
             profile=_profile(t, kind, base_dir),
             boot_time_s=t.positive("boot_time_s", (int, float), None, zero_ok=True),
+            engine_version=t.get("engine_version", str, None),
         )
         if kind != "sim":
             for key in ("profile", "boot_time_s"):
                 if getattr(cfg, key) is not None:
                     raise t.fail(key, getattr(cfg, key),
                                  "is only allowed with backend.kind = 'sim'")
+        if cfg.engine_version is not None:
+            if kind not in ("sglang", "sim"):
+                raise t.fail("engine_version", cfg.engine_version,
+                             "is only allowed with backend.kind = 'sglang' or 'sim'")
+            if not _VERSION.fullmatch(cfg.engine_version):
+                raise t.fail("engine_version", cfg.engine_version,
+                             "must be an SGLang release such as '0.5.10.post1'")
         t.done()
         return cfg
 

@@ -74,8 +74,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     top.done()
     if first_valid_point(space, backend.flags) is None:
         raise ConfigError(f"{where}: the search space allows no valid configuration "
-                          f"(speculative_num_draft_tokens must be <= steps * topk + 1 and "
-                          f">= 2 for some steps/topk in the space)")
+                          f"(speculative_num_draft_tokens must be <= 1 + topk + (steps - 1) * "
+                          f"topk^2 and >= 2 for some steps/topk in the space)")
     return Experiment(name=name, backend=backend, space=space, workload=workload,
                       measure=measure, objective=objective, search=search, cluster=cluster,
                       description=description, source=where)

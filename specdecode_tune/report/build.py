@@ -172,7 +172,8 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
     else:
         out.append(r.Para(
             f"A JSON file (written next to this report as `{SGLANG_SCHEDULE_FILE}`), passed "
-            f"with `--speculative-adaptive --speculative-adaptive-config PATH`; topk = 1 only. "
+            f"with `--speculative-adaptive --speculative-adaptive-config PATH` (SGLang >= 0.5.13 "
+            f"reads this format); topk = 1 only. "
             f"Keys are batch sizes: SGLang uses the largest key <= the batch size (after "
             f"CUDA-graph padding); one candidate per key pins that level's steps. Format as "
             f"read in sgl-project/sglang `speculative/adaptive_spec_params.py`."))

@@ -8,18 +8,22 @@ than it returns). Servers can switch only the number of draft steps at run time,
 schedule is emitted for chains (topk = 1) in the two formats that exist:
 
 SGLang `--speculative-adaptive-config` (with `--speculative-adaptive`), as read in the stored
-sgl-project/sglang sources: the flag takes the PATH of a JSON file ("Path to a JSON config file
-for adaptive speculative decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`,
-commit 015c8726). `python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
+sgl-project/sglang sources. Released wheels: the flags exist from 0.5.11 and read this format
+from 0.5.13 (docs/engines-sglang.md section 3), so the command is printed only where the
+backend's `schedule_command` says the servers' release takes it; else a note says which does.
+The flag takes the PATH of a JSON file ("Path to a JSON config file for adaptive speculative
+decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`, commit 015c8726).
+`python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
 `_load_adaptive_config`: the keys that are integer strings are batch sizes, each
 `{"candidate_steps": [non-negative ints], ...}` (optional `ema_alpha`, `update_interval`,
 `warmup_batches`, `up_hysteresis`, `down_hysteresis`, `ceiling_coeff`); a top-level `"strategy"`
-is "ema" (default) or "throughput_aware"; `adaptive_unsupported_reason` refuses adaptive mode
-unless topk = 1 and the algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6)
-routes a batch to the largest key <= its size after CUDA-graph padding (the first key below
-that). `_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit
-004c82e0): `--speculative-num-steps` must be in the union of the candidate steps, and draft
-tokens become steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
+is "ema" (default) or "throughput_aware" (in the stored source, in no wheel up to 0.5.23; the
+report writes none); `adaptive_unsupported_reason` refuses adaptive mode unless topk = 1 and the
+algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6) routes a batch to the
+largest key <= its size after CUDA-graph padding (the first key below that).
+`_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit 004c82e0):
+`--speculative-num-steps` must be in the union of the candidate steps, and draft tokens become
+steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
 
 vLLM `num_speculative_tokens_per_batch_size`, a key of `--speculative-config`, as read in
 vllm-project/vllm `vllm/config/speculative.py` (commit 002e77c1): `list[tuple[int, int, int]]`,
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import get_backend
+from ..backends.sglang import SGLangBackend
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK
@@ -231,10 +236,14 @@ def schedule(data: RunData) -> Schedule:
     exp = data.experiment
     sglang_cmd = vllm_cmd = None
     first = next(e.steps for e in chain if e.steps > 0)
-    params = {**base, STEPS: first, TOPK: 1, DRAFT: first + 1,
-              "speculative_adaptive": True, "speculative_adaptive_config": SGLANG_SCHEDULE_FILE}
-    if exp is not None and exp.backend.kind in ("sglang", "sim"):
-        sglang_cmd, _ = launch_command(exp, params, "")
+    params = {**base, STEPS: first, TOPK: 1, DRAFT: first + 1}
+    backend = get_backend(exp.backend.kind) if exp is not None else None
+    if exp is not None and isinstance(backend, SGLangBackend):
+        # Only for a release that has the flags and reads this file's format; else the
+        # backend says which release does.
+        sglang_cmd, why = backend.schedule_command(exp.backend, params, SGLANG_SCHEDULE_FILE)
+        if why:
+            notes.append(why)
 
     ranges = []
     for i, e in enumerate(chain):

@@ -6,8 +6,8 @@ constraint, whatever its score). The incumbent is the best such trial, the earli
 
 The space the trials were drawn from is the union of each parameter's distributions over the
 trials: a define-by-run space can give one parameter a different range in each trial (e.g.
-draft tokens <= steps * topk + 1). Optuna keeps a parameter's kind and its categorical choices
-the same across a study; ranges and steps may vary.
+draft tokens <= 1 + topk + (steps - 1) * topk^2). Optuna keeps a parameter's kind and its
+categorical choices the same across a study; ranges and steps may vary.
 """
 
 from __future__ import annotations

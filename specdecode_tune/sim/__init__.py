@@ -9,9 +9,11 @@ itself is importable for benchmarks that evaluate many configs without HTTP:
                 "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5},
             concurrency=16, workload=Workload.calibration(p))
 
-Modules: `profile` (coefficients from TOML), `model` (pure formulas), `scheduler` (real-time
-continuous batching), `api` (request/response formats), `metrics` (Prometheus text), `server`
-(aiohttp routes).
+Modules: `profile` (coefficients from TOML), `arguments` (SGLang's argument checks), `boot`
+(memory and draft tree: a boot's `Facts`), `model` (the performance formulas; re-exports the
+other two's names),
+`scheduler` (real-time continuous batching), `api` (request/response formats), `metrics`
+(Prometheus text), `server` (aiohttp routes).
 """
 
 from __future__ import annotations

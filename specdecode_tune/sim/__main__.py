@@ -34,8 +34,8 @@ from typing import Any, NoReturn
 from aiohttp import web
 
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.arguments import StartupError, normalize_params
 from specdecode_tune.sim.faults import FaultInjector, parse_fault, parse_faults
-from specdecode_tune.sim.model import StartupError, normalize_params
 from specdecode_tune.sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from specdecode_tune.sim.server import InjectedCrash, SimServer, make_app
 
@@ -63,10 +63,22 @@ def build_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--speculative-ngram-max-bfs-breadth", type=int, default=None,
+                   help="NGRAM's tree breadth (its topk), as SGLang's")
+    for flag in ("--speculative-ngram-min-bfs-breadth", "--speculative-ngram-max-trie-depth",
+                 "--speculative-ngram-capacity"):
+        p.add_argument(flag, type=int, default=None, help="accepted and ignored")
+    p.add_argument("--speculative-ngram-match-type", choices=("BFS", "PROB"), default=None,
+                   help="accepted and ignored")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="as SGLang's: each /generate chunk carries only its new text and ids")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="as SGLang's (the simulator caches no prefix either way); speculation "
+                        "on a hybrid model's profile needs it, as in SGLang 0.5.10")
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored")
     p.add_argument("--log-level", default="info", help="accepted and ignored")
@@ -147,7 +159,7 @@ async def serve(sim: SimServer, host: str, port: int) -> int:
                 return 1
             if not isinstance(err, StartupError):
                 raise err
-            log.error("Scheduler hit an exception during start-up:\n%s", err.message)
+            log.error("Scheduler hit an exception during start-up:\n%s", err.log_text())
             code = err.exit_code
         elif boot.done():
             log.info("The server is fired up and ready to roll!")
@@ -194,7 +206,7 @@ def validate(ns: argparse.Namespace) -> Launch:
     try:
         normalized, warnings = normalize_params(profile, args)
     except StartupError as e:
-        raise Refused("args", e.message.removeprefix("error: "), line=e.message,
+        raise Refused("args", e.message.removeprefix("error: "), line=e.log_text(),
                       code=e.exit_code) from None
     boot = profile.boot.seconds if ns.boot_time is None else ns.boot_time
     if boot < 0:

@@ -4,15 +4,18 @@ Three formats share one streaming loop (`server.py`): SGLang's native `/generate
 `/v1/completions` and `/v1/chat/completions`. Prompt "tokens" are whitespace-separated words of
 the prompt (or `len(input_ids)`); generated text is synthetic words, one per token id.
 
-`/generate` SSE chunks: `{"text": <cumulative>, "output_ids": <new ids of this chunk>,
-"meta_info": {"id", "prompt_tokens", "completion_tokens" (cumulative), "cached_tokens",
-"finish_reason": null, "spec_verify_ct"}}`. The final chunk's meta_info adds `finish_reason`
-(`{"type": "length", "length": N}` or `{"type": "stop", "matched": EOS}`), `e2e_latency`, and
-with speculation `spec_accept_length` (= completion_tokens / spec_verify_ct),
-`spec_accept_rate`, `spec_num_correct_drafts`, `spec_num_proposed_drafts` and
-`spec_correct_drafts_histogram` (index i = verify steps that accepted exactly i draft tokens;
-also under the older name `spec_accept_histogram`). Without speculation no `spec_*` key is sent,
-as SGLang does. OpenAI streams send `choices[0].text` (or `delta.content`) deltas, a chunk with
+`/generate` SSE chunks, as SGLang 0.5.10's tokenizer manager sends them: `{"text", "output_ids",
+"meta_info": {"id", "finish_reason": null, "prompt_tokens", "completion_tokens" (cumulative),
+"cached_tokens"}}`, where `text` and `output_ids` are everything generated so far (cumulative;
+only this chunk's with `--incremental-streaming-output`). The final chunk's meta_info adds
+`finish_reason` (`{"type": "length", "length": N}` or `{"type": "stop", "matched": EOS}`),
+`e2e_latency` and, with speculation and at least one verify step
+(`_calculate_spec_decoding_metrics`, run only once the request has finished),
+`spec_verify_ct`, `spec_accept_length` (= completion_tokens / spec_verify_ct),
+`spec_accept_rate`, `spec_accept_token_num` (accepted draft tokens), `spec_draft_token_num`
+(verify steps x (draft tokens - 1)) and `spec_accept_histogram` (index i = verify steps that
+accepted exactly i draft tokens). No chunk before the last carries a `spec_*` key, nor does any
+without speculation. OpenAI streams send `choices[0].text` (or `delta.content`) deltas, a chunk with
 `finish_reason`, and `usage`: in a final chunk with empty `choices` when
 `stream_options.include_usage` is true, otherwise on the finish chunk.
 """
@@ -148,12 +151,15 @@ def parse_openai(body: Any, chat: bool) -> GenParams:
 
 
 class SglangFormat:
-    """`/generate` bodies: cumulative text, new output ids, meta_info."""
+    """`/generate` bodies: text and output ids (cumulative unless `incremental`), meta_info."""
 
-    def __init__(self, req: SimRequest, spec_draft_nodes: int | None) -> None:
+    def __init__(self, req: SimRequest, spec_draft_nodes: int | None,
+                 incremental: bool = False) -> None:
         self.req = req
         self.spec_nodes = spec_draft_nodes   # draft tokens proposed per verify; None = no spec
+        self.incremental = incremental       # --incremental-streaming-output
         self.text = ""
+        self.ids: list[int] = []
 
     def _meta(self, final: bool) -> dict[str, Any]:
         r = self.req
@@ -164,25 +170,28 @@ class SglangFormat:
             "completion_tokens": r.generated,
             "cached_tokens": 0,
         }
-        if self.spec_nodes is not None:
-            meta["spec_verify_ct"] = r.verify_ct
         if final:
             meta["e2e_latency"] = time.perf_counter() - r.created
-            if self.spec_nodes is not None:
-                proposed = r.verify_ct * self.spec_nodes
+            proposed = r.verify_ct * (self.spec_nodes or 0)
+            if self.spec_nodes is not None and r.verify_ct > 0 and proposed > 0:
                 meta.update(
-                    spec_accept_length=r.generated / r.verify_ct if r.verify_ct else 0.0,
-                    spec_accept_rate=r.correct_drafts / proposed if proposed else 0.0,
-                    spec_num_correct_drafts=r.correct_drafts,
-                    spec_num_proposed_drafts=proposed,
-                    spec_correct_drafts_histogram=list(r.histogram),
-                    spec_accept_histogram=list(r.histogram),
+                    spec_accept_rate=r.correct_drafts / proposed,
+                    spec_accept_length=r.generated / r.verify_ct,
+                    spec_accept_token_num=r.correct_drafts,
+                    spec_draft_token_num=proposed,
+                    spec_verify_ct=r.verify_ct,
                 )
+                if r.histogram:
+                    meta["spec_accept_histogram"] = list(r.histogram)
         return meta
 
     def chunks(self, ids: list[int], done: bool) -> list[dict[str, Any]]:
-        self.text += words(ids)
-        return [{"text": self.text, "output_ids": ids, "meta_info": self._meta(done)}]
+        new = words(ids)
+        self.text += new
+        self.ids += ids
+        if self.incremental:
+            return [{"text": new, "output_ids": ids, "meta_info": self._meta(done)}]
+        return [{"text": self.text, "output_ids": list(self.ids), "meta_info": self._meta(done)}]
 
     def full(self, ids: list[int]) -> dict[str, Any]:
         return {"text": words(ids), "output_ids": ids, "meta_info": self._meta(True)}

@@ -1,8 +1,11 @@
 """Prometheus text for the simulator's `/metrics`, with SGLang's metric names.
 
 Only what the tuner and a curious user read: token counters, running/queued gauges, KV usage,
-the last-interval acceptance length and throughput, and TTFT / TPOT / end-to-end histograms.
-Every sample carries SGLang's `model_name` label.
+the last-interval acceptance length and throughput, and TTFT / inter-token latency /
+end-to-end histograms. As in SGLang 0.5.10 (`observability/metrics_collector.py`) there is an
+inter-token latency histogram (`sglang:inter_token_latency_seconds`, SGLang's buckets) and no
+time-per-output-token one (that comes in 0.5.23). Every sample carries SGLang's `model_name`
+label.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ if TYPE_CHECKING:   # scheduler imports Histogram from here; avoid the import cy
     from specdecode_tune.sim.scheduler import Scheduler
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
-_TOKEN_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5,
-                  1.0)
+# SGLang 0.5.10's default bucket_inter_token_latency.
+_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040,
+                0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000,
+                8.000)
 
 
 @dataclass(slots=True)
@@ -36,8 +41,8 @@ class Histogram:
         return cls(_LATENCY_BUCKETS)
 
     @classmethod
-    def token_latency(cls) -> Histogram:
-        return cls(_TOKEN_BUCKETS)
+    def inter_token(cls) -> Histogram:
+        return cls(_ITL_BUCKETS)
 
     def observe(self, value: float) -> None:
         i = bisect.bisect_left(self.buckets, value)
@@ -45,6 +50,16 @@ class Histogram:
             self.counts[i] += 1
         self.total += value
         self.count += 1
+
+    def observe_chunk(self, interval: float, tokens: int) -> None:
+        """SGLang's `observe_inter_token_latency`: a chunk of `tokens` new tokens `interval`
+        seconds after the last one counts `tokens` observations of interval / tokens, and adds
+        the interval to the sum."""
+        i = bisect.bisect_left(self.buckets, interval / tokens)
+        if i < len(self.counts):
+            self.counts[i] += tokens
+        self.total += interval
+        self.count += tokens
 
     def lines(self, name: str, labels: str) -> list[str]:
         out, running = [], 0
@@ -88,11 +103,12 @@ def render(scheduler: Scheduler, model_name: str) -> str:
     for name, hist, help_ in (
         ("sglang:time_to_first_token_seconds", c.ttft,
          "Histogram of time to first token in seconds."),
-        ("sglang:time_per_output_token_seconds", c.tpot,
-         "Histogram of time per output token in seconds."),
+        ("sglang:inter_token_latency_seconds", c.itl,
+         "Histogram of inter-token latency in seconds."),
         ("sglang:e2e_request_latency_seconds", c.e2e,
          "Histogram of end-to-end request latency in seconds."),
     ):
+        # prometheus_client shows a labelled histogram's samples once it has observed one.
         out.extend([f"# HELP {name} {help_}", f"# TYPE {name} histogram",
-                    *hist.lines(name, labels)])
+                    *(hist.lines(name, labels) if hist.count else [])])
     return "\n".join(out) + "\n"

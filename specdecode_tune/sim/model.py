@@ -1,44 +1,24 @@
 """The performance model of speculative decoding: pure functions, no I/O.
 
-`startup(profile, params)` applies SGLang's start-up rules and memory accounting and returns the
-server's `Facts` (or raises `StartupError`, SGLang-like message). `predict(profile, params,
-concurrency, workload)` gives the steady-state throughput of a closed loop at that concurrency.
-The real-time server (`scheduler.py`) runs the same `step_time` / `prefill_time` / acceptance
-functions, so what a client measures through HTTP converges on `predict`.
-
-Memory, per GPU (weights and KV per token are split evenly over `tp_size` ranks):
-
-    static pool   = mem_fraction_static * gpu_memory
-    reserved      = pool_fixed + pool_bytes_per_graph_token * cuda_graph_max_bs * n
-    KV pool       = static pool - weights(target [+ draft]) - reserved
-    max_total_num_tokens = KV pool / (kv_bytes_per_token [+ draft_kv_bytes_per_token]) * tp
-    running limit = min(--max-running-requests, max_total_num_tokens // request_reserve_tokens)
-    headroom need = headroom_fixed + headroom_bytes_per_graph_token * cuda_graph_max_bs * n
-
-where n = tokens verified per request per step (num_draft_tokens, or 1 without speculation).
-A KV pool that cannot hold one request (`request_reserve_tokens`) is "Not enough memory";
-headroom (1 - mem_fraction_static) below the need is "CUDA out of memory".
+`predict(profile, params, concurrency, workload)` gives the steady-state throughput of a closed
+loop at that concurrency, on the `Facts` that `boot.startup` gives (SGLang's argument checks,
+memory accounting and draft tree; the public names of `arguments` and `boot` are importable
+from here too). The real-time server (`scheduler.py`) runs the same `step_time` /
+`prefill_time` / acceptance functions, so what a client measures through HTTP converges on
+`predict`.
 
 Step time for a decode iteration with b running requests (s steps, topk k, n draft tokens):
 
     m = b * n tokens verified; m_pad = m rounded up to a multiple of verify_token_tile
     t = decode_fixed + scale * (verify_moe * (1 - (1 - moe_route_fraction) ** m)
                                 + verify_per_token * m_pad)
-        [+ spec_fixed + s * (draft_step_fixed + scale * draft_step_per_token * b * k)]
+        [+ spec_fixed [+ s * (draft_step_fixed + scale * draft_step_per_token * b * k)]]
     t *= eager_factor when b > cuda_graph_max_bs;  scale = (profile tp / tp) ** tp_scaling_exponent
 
 The MoE term is the share of routed experts that m tokens touch (each one read once per pass);
-the tile makes shelves: at batch 1 every draft length up to the tile costs the same.
-
-Acceptance: the profile gives conditional probabilities p_i (position i accepted given all
-before it). A chain (topk = 1) accepts position i with probability prod_{j<=i} p_j. A tree
-(topk > 1) with n - 1 draft nodes is modelled by widths w_i <= topk per depth i <= steps; the
-w_i candidates at depth i are treated as alternatives for the token on the accepted path, so
-q_i(w) = 1 - (1 - p_i) * (1 - sibling_hit) ** (w - 1): each extra candidate catches a share
-`sibling_hit` of the remaining misses, never above 1 and equal to p_i for one candidate. The
-widths are chosen greedily, one node at a time, where it adds the most expected tokens (SGLang
-also keeps the best-scoring nodes). This is optimistic for real trees, where some siblings hang
-off rejected branches; it is plausible, monotone in n, and reduces exactly to the chain.
+the tile makes shelves: at batch 1 every draft length up to the tile costs the same. The draft
+passes (the inner bracket) are a draft model's: NGRAM has none. NGRAM's acceptance uses the
+profile's tables too (calibrated for its draft model: a stand-in, not an n-gram calibration).
 
 Closed-loop steady state at concurrency C (ignore_eos, fixed lengths; see `predict`):
 R = min(C, running limit, KV tokens // (input + output)) requests run, the rest queue. Each
@@ -52,32 +32,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any
 
-from specdecode_tune.errors import SpecTuneError
+from specdecode_tune.sim.arguments import (
+    SPEC_ALGORITHMS,
+    STARTUP_KINDS,
+    StartupError,
+    normalize_params,
+)
+from specdecode_tune.sim.boot import Facts, GiB, startup, tree_acceptance
 from specdecode_tune.sim.profile import Profile
 
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
-STARTUP_KINDS = ("invalid_args", "kv_memory", "oom")
-GiB = 1024**3
-
-
-class StartupError(SpecTuneError):
-    """The simulated server cannot start; `kind` names why (a subset of START_FAILURE_KINDS)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        if kind not in STARTUP_KINDS:
-            raise ValueError(f"kind must be one of {STARTUP_KINDS}, got {kind!r}")
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-    @property
-    def exit_code(self) -> int:
-        # argparse exits 2 on bad arguments; an exception during start-up exits 1.
-        return 2 if self.kind == "invalid_args" else 1
+__all__ = [
+    "GiB",
+    "SPEC_ALGORITHMS",
+    "STARTUP_KINDS",
+    "Facts",
+    "Prediction",
+    "StartupError",
+    "Workload",
+    "accept_moments",
+    "expected_steps",
+    "normalize_params",
+    "predict",
+    "predict_facts",
+    "prefill_time",
+    "startup",
+    "step_time",
+    "tree_acceptance",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,36 +76,6 @@ class Workload:
     def calibration(cls, profile: Profile) -> Workload:
         c = profile.calibration
         return cls(c.input_len, c.output_len, c.temperature)
-
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What a server with these args is once started: normalized args, limits, memory."""
-
-    params: Mapping[str, Any] = field(hash=False)   # normalized server args (SGLang names)
-    warnings: tuple[str, ...]
-    speculative: bool
-    num_steps: int                 # 0 without speculation
-    topk: int
-    draft_tokens: int              # tokens verified per request per step (1 without speculation)
-    tree_widths: tuple[int, ...]   # draft nodes per depth
-    accept_greedy: tuple[float, ...]    # effective conditional acceptance per depth
-    accept_sampled: tuple[float, ...]
-    tp_size: int
-    cuda_graph_max_bs: int
-    mem_fraction_static: float
-    max_total_num_tokens: int
-    memory_running_limit: int      # what memory alone allows
-    max_running_requests: int      # effective: min(flag, memory limit)
-    max_req_input_len: int
-    weight_bytes: int              # per GPU
-    kv_bytes: int                  # per GPU, the KV pool
-    reserved_bytes: int            # per GPU, in-pool buffers
-    headroom_bytes: int            # per GPU, available outside the pool
-    headroom_need_bytes: int       # per GPU, needed outside the pool
-
-    def accept_probs(self, temperature: float) -> tuple[float, ...]:
-        return self.accept_sampled if temperature > 0 else self.accept_greedy
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,213 +95,8 @@ class Prediction:
     max_running_requests: int
 
 
-# --------------------------------------------------------------------------- start-up rules
 
-
-def _int_arg(params: Mapping[str, Any], key: str, default: int | None, low: int) -> int | None:
-    value = params.get(key)
-    if value is None:      # absent, or given as None: the default
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise StartupError("invalid_args", f"error: --{key.replace('_', '-')} = {value!r}: "
-                                           f"must be an integer >= {low}")
-    return value
-
-
-def normalize_params(profile: Profile, params: Mapping[str, Any]
-                     ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Apply defaults and SGLang's argument rules; returns (args, warnings) or raises
-    StartupError."""
-    d = profile.defaults
-    warnings: list[str] = []
-    out = dict(params)
-    algo = params.get("speculative_algorithm")
-    algo = None if algo in (None, "", "NONE", "None") else str(algo)
-    if algo is not None and algo not in SPEC_ALGORITHMS:
-        raise StartupError(
-            "invalid_args",
-            f"error: argument --speculative-algorithm: invalid choice: {algo!r} "
-            f"(choose from {', '.join(SPEC_ALGORITHMS)})",
-        )
-    steps = _int_arg(params, "speculative_num_steps", None, 0)
-    if algo is None or steps == 0:
-        algo, steps, topk, draft = None, 0, 1, 1
-    else:
-        steps, topk, draft = _spec_numbers(profile, params, steps, warnings)
-    frac = params.get("mem_fraction_static")
-    frac = d.mem_fraction_static if frac is None else frac
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-        raise StartupError("invalid_args",
-                           f"error: --mem-fraction-static = {frac!r}: must be in (0, 1)")
-    out.update(
-        speculative_algorithm=algo,
-        speculative_num_steps=steps if algo else None,
-        speculative_eagle_topk=topk if algo else None,
-        speculative_num_draft_tokens=draft if algo else None,
-        mem_fraction_static=float(frac),
-        tp_size=_int_arg(params, "tp_size", profile.hardware.tp_size, 1),
-        cuda_graph_max_bs=_int_arg(params, "cuda_graph_max_bs", d.cuda_graph_max_bs, 1),
-        max_running_requests=_int_arg(params, "max_running_requests", None, 1),
-    )
-    return out, tuple(warnings)
-
-
-def _spec_numbers(
-    profile: Profile, params: Mapping[str, Any], steps: int | None, warnings: list[str]
-) -> tuple[int, int, int]:
-    """(steps, topk, draft tokens) under SGLang's rules: all three or none; topk 1 forces a
-    chain."""
-    topk = _int_arg(params, "speculative_eagle_topk", None, 1)
-    draft = _int_arg(params, "speculative_num_draft_tokens", None, 1)
-    if steps is None and topk is None and draft is None:   # SGLang chooses them itself
-        d = profile.defaults
-        return d.speculative_num_steps, d.speculative_eagle_topk, d.speculative_num_draft_tokens
-    if steps is None or topk is None or draft is None:
-        raise StartupError(
-            "invalid_args",
-            "error: --speculative-num-steps, --speculative-eagle-topk and "
-            "--speculative-num-draft-tokens must be set together or not at all "
-            f"(got steps={steps}, topk={topk}, draft tokens={draft})",
-        )
-    if topk == 1 and draft != steps + 1:
-        warnings.append(
-            f"speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 = {steps + 1} "
-            f"(was {draft}) because speculative_eagle_topk == 1"
-        )
-        draft = steps + 1
-    if steps * topk + 1 < draft:
-        raise StartupError(
-            "invalid_args",
-            f"error: speculative_num_draft_tokens = {draft} must be <= speculative_num_steps * "
-            f"speculative_eagle_topk + 1 = {steps * topk + 1}",
-        )
-    if draft < 2:
-        raise StartupError("invalid_args",
-                           f"error: --speculative-num-draft-tokens = {draft}: must be >= 2")
-    return steps, topk, draft
-
-
-def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
-    """The server's facts after start-up, or StartupError as SGLang would fail."""
-    args, warnings = normalize_params(profile, params)
-    m, hw = profile.memory, profile.hardware
-    spec = args["speculative_algorithm"] is not None
-    steps = args["speculative_num_steps"] or 0
-    topk = args["speculative_eagle_topk"] or 1
-    n = args["speculative_num_draft_tokens"] or 1
-    tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
-
-    gpu = hw.gpu_memory_bytes
-    weights = (m.target_weight_bytes + (m.draft_weight_bytes if spec else 0)) / tp
-    cell = (m.kv_bytes_per_token + (m.draft_kv_bytes_per_token if spec else 0)) / tp
-    reserved = m.pool_fixed_bytes + m.pool_bytes_per_graph_token * gbs * n
-    kv_bytes = frac * gpu - weights - reserved
-    kv_tokens = int(kv_bytes // cell) if kv_bytes > 0 else 0
-    if kv_tokens < m.request_reserve_tokens:
-        # SGLang: RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
-        raise StartupError(
-            "kv_memory",
-            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            f"(mem_fraction_static={frac}: static pool {frac * gpu / GiB:.2f} GiB, weights "
-            f"{weights / GiB:.2f} GiB, reserved {reserved / GiB:.2f} GiB, KV pool "
-            f"{kv_bytes / GiB:.2f} GiB = {kv_tokens} tokens, one request needs "
-            f"{m.request_reserve_tokens})",
-        )
-    headroom = (1 - frac) * gpu
-    need = m.headroom_fixed_bytes + m.headroom_bytes_per_graph_token * gbs * n
-    if headroom < need:
-        raise StartupError(
-            "oom",
-            "Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to "
-            f"allocate {(need - headroom) / GiB:.2f} GiB. GPU 0 has a total capacity of "
-            f"{gpu / GiB:.2f} GiB of which {headroom / GiB:.2f} GiB is free outside the static "
-            f"pool (mem_fraction_static={frac}, cuda_graph_max_bs={gbs}, draft tokens={n}). "
-            "Possible solutions: 1. set --mem-fraction-static to a smaller value "
-            "2. set --cuda-graph-max-bs to a smaller value 3. use fewer draft tokens "
-            "4. set --max-running-requests lower",
-        )
-    mem_limit = kv_tokens // m.request_reserve_tokens
-    flag = args["max_running_requests"]
-    running_limit = min(mem_limit, flag) if flag else mem_limit
-    hit = profile.acceptance.sibling_hit
-    greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, steps, topk, n - 1)
-    sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, steps, topk, n - 1)
-    args["max_running_requests"] = running_limit
-    return Facts(
-        params=args,
-        warnings=warnings,
-        speculative=spec,
-        num_steps=steps,
-        topk=topk,
-        draft_tokens=n,
-        tree_widths=widths,
-        accept_greedy=greedy,
-        accept_sampled=sampled,
-        tp_size=tp,
-        cuda_graph_max_bs=gbs,
-        mem_fraction_static=frac,
-        max_total_num_tokens=kv_tokens,
-        memory_running_limit=mem_limit,
-        max_running_requests=running_limit,
-        max_req_input_len=min(m.context_length - 1, kv_tokens - 1),
-        weight_bytes=int(weights),
-        kv_bytes=int(kv_bytes),
-        reserved_bytes=int(reserved),
-        headroom_bytes=int(headroom),
-        headroom_need_bytes=int(need),
-    )
-
-
-# --------------------------------------------------------------------------- acceptance
-
-
-@lru_cache(maxsize=4096)
-def tree_acceptance(
-    probs: tuple[float, ...], sibling_hit: float, steps: int, topk: int, nodes: int
-) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """Effective conditional acceptance per depth, and the draft nodes per depth.
-
-    `nodes` draft nodes (num_draft_tokens - 1) go, one at a time, where they add the most
-    expected accepted tokens: a new depth (if the one above it has a node) or one more
-    candidate at an existing depth (up to `topk`). See the module docstring for q_i(w).
-    """
-    depth_max = min(steps, nodes)
-    if depth_max <= 0:
-        return (), ()
-    base = [probs[min(i, len(probs) - 1)] for i in range(depth_max)]
-    widths = [0] * depth_max
-    q = [0.0] * depth_max
-
-    def q_of(i: int, w: int) -> float:
-        return 0.0 if w == 0 else 1.0 - (1.0 - base[i]) * (1.0 - sibling_hit) ** (w - 1)
-
-    for _ in range(nodes):
-        # prefix[i] = P(every depth before i accepted)
-        cum, prefix = 1.0, []
-        for qi in q:
-            prefix.append(cum)
-            cum *= qi
-        best, best_gain = -1, -1.0
-        for i in range(depth_max):
-            if widths[i] >= topk or (i > 0 and widths[i - 1] == 0):
-                continue
-            new = q_of(i, widths[i] + 1)
-            # gain = prefix[i] * (new - q_i) * (1 + expected accepted after depth i | depth i)
-            after, c = 0.0, 1.0
-            for j in range(i + 1, depth_max):
-                c *= q[j]
-                if c == 0.0:
-                    break
-                after += c
-            gain = prefix[i] * (new - q[i]) * (1.0 + after)
-            if gain > best_gain + 1e-15:
-                best, best_gain = i, gain
-        if best < 0:
-            break
-        widths[best] += 1
-        q[best] = q_of(best, widths[best])
-    used = [i for i in range(depth_max) if widths[i] > 0]
-    return tuple(q[i] for i in used), tuple(widths[i] for i in used)
+# --------------------------------------------------------------------------- acceptance moments
 
 
 def accept_moments(probs: tuple[float, ...]) -> tuple[float, float]:
@@ -389,7 +138,9 @@ def step_time(profile: Profile, facts: Facts, batch: float) -> float:
         c.verify_moe_s * (1.0 - (1.0 - c.moe_route_fraction) ** m) + c.verify_per_token_s * m_pad
     )
     if facts.speculative:
-        t += c.spec_fixed_s + facts.num_steps * (
+        t += c.spec_fixed_s
+    if facts.draft_model:
+        t += facts.num_steps * (
             c.draft_step_fixed_s + scale * c.draft_step_per_token_s * batch * facts.topk
         )
     if batch > facts.cuda_graph_max_bs:

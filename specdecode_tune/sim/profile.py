@@ -163,6 +163,9 @@ class Profile:
     calibration: Calibration
     source: str = ""   # the file it came from (for messages)
     faults: tuple[str, ...] = ()   # injected faults (see sim/faults.py); none in real profiles
+    # The target's `architectures[0]` in its config.json: SGLang's start-up rules that depend
+    # on the model (a hybrid model's radix-cache refusal, see boot.py); "" = none of those.
+    architecture: str = ""
 
 
 _SECTIONS: dict[str, type] = {
@@ -177,7 +180,7 @@ _SECTIONS: dict[str, type] = {
     "calibration": Calibration,
 }
 _TOP_KEYS = ("name", "description", "model_path")
-_OPTIONAL_KEYS = ("faults",)
+_OPTIONAL_KEYS = ("faults", "architecture")
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -253,7 +256,12 @@ def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
         parse_faults(faults)
     except ConfigError as e:
         raise ConfigError(f"{where}: faults: {e}") from None
-    return Profile(**top, **sections, source=source, faults=tuple(faults))
+    architecture = data.get("architecture", "")
+    if not isinstance(architecture, str):
+        raise ConfigError(f"{where}: architecture = {architecture!r}: must be a string (the "
+                          f"model's config.json architectures[0], e.g. LlamaForCausalLM)")
+    return Profile(**top, **sections, source=source, faults=tuple(faults),
+                   architecture=architecture)
 
 
 def _build_section(where: str, section: str, cls: type, table: dict[str, Any]) -> Any:

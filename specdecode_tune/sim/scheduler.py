@@ -18,7 +18,7 @@ Without `ignore_eos`, a request also ends at a random EOS when the profile's
 
 Per-request statistics follow SGLang's meta_info: completion_tokens = 1 (from prefill) +
 verify_ct + correct drafts. `histogram[i]` counts the verify steps that accepted exactly i draft
-tokens (i = 0..depth), SGLang's `spec_correct_drafts_histogram`; on the step that reaches
+tokens (i = 0..depth), SGLang's `spec_accept_histogram`; on the step that reaches
 max_new_tokens, accepted drafts past the limit are dropped, and counted as not accepted.
 """
 
@@ -30,8 +30,9 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from specdecode_tune.sim.boot import Facts
 from specdecode_tune.sim.metrics import Histogram
-from specdecode_tune.sim.model import Facts, prefill_time, step_time
+from specdecode_tune.sim.model import prefill_time, step_time
 from specdecode_tune.sim.profile import Profile
 
 DECODE_LOG_INTERVAL = 40   # decode iterations per "log interval" (SGLang's default)
@@ -62,6 +63,7 @@ class SimRequest:
     correct_drafts: int = 0
     histogram: list[int] = field(default_factory=list)
     first_token_at: float | None = None
+    last_token_at: float | None = None   # when its last chunk of tokens was handed out
     finished: bool = False
     aborted: bool = False
 
@@ -89,7 +91,7 @@ class Counters:
     interval_accept_length: float = 0.0
     interval_gen_throughput: float = 0.0
     ttft: Histogram = field(default_factory=Histogram.latency)
-    tpot: Histogram = field(default_factory=Histogram.token_latency)
+    itl: Histogram = field(default_factory=Histogram.inter_token)
     e2e: Histogram = field(default_factory=Histogram.latency)
 
     @property
@@ -298,6 +300,7 @@ class Scheduler:
                 continue
             self.counters.prompt_tokens += req.input_len
             req.first_token_at = now
+            self.counters.ttft.observe(now - req.created)   # at the first chunk, as SGLang
             self.running.append(req)
             self._emit(req, 1, now)
 
@@ -326,6 +329,9 @@ class Scheduler:
 
     def _emit(self, req: SimRequest, n: int, now: float) -> None:
         randrange = self._rng.randrange
+        if req.last_token_at is not None:
+            self.counters.itl.observe_chunk(now - req.last_token_at, n)
+        req.last_token_at = now
         req.generated += n
         self.counters.generation_tokens += n
         done = req.generated >= req.stop_at
@@ -342,11 +348,7 @@ class Scheduler:
         self.kv_reserved -= req.kv_reserved
         c = self.counters
         c.requests_finished += 1
-        first = req.first_token_at if req.first_token_at is not None else now
-        c.ttft.observe(first - req.created)
         c.e2e.observe(now - req.created)
-        if req.generated > 1:
-            c.tpot.observe((now - first) / (req.generated - 1))
 
 
 def boot_speed_factor(sigma: float, rng: random.Random) -> float:

@@ -19,9 +19,8 @@ import asyncio
 import hmac
 import json
 import logging
-import os
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -37,20 +36,15 @@ from specdecode_tune.sim.api import (
     parse_generate,
     parse_openai,
 )
+from specdecode_tune.sim.arguments import StartupError
+from specdecode_tune.sim.boot import Facts, GiB, startup
 from specdecode_tune.sim.faults import FaultInjector
-from specdecode_tune.sim.model import Facts, GiB, StartupError, startup
 from specdecode_tune.sim.profile import Profile
 from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger("specdecode_tune.sim")
-
-
-def gpu_ids_from_env(env: Mapping[str, str] = os.environ) -> list[str]:
-    """The GPU ids this process was given, as CUDA_VISIBLE_DEVICES lists them."""
-    raw = env.get("CUDA_VISIBLE_DEVICES", "")
-    return [part.strip() for part in raw.split(",") if part.strip()]
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -74,7 +68,6 @@ class SimServer:
         self.boot_seconds = self.faults.boot_seconds(boot_seconds)
         self.noise_seed = noise_seed
         self.api_key = api_key or None
-        self.gpu_ids = gpu_ids_from_env()
         self.facts: Facts | None = None
         self.scheduler: Scheduler | None = None
         self._task: asyncio.Task[None] | None = None
@@ -127,19 +120,23 @@ class SimServer:
             raise web.HTTPServiceUnavailable()
         c = sched.counters
         kv_gb = facts.kv_bytes / GiB
+        # As SGLang 0.5.10's http_server.server_info: the server args (max_running_requests is
+        # the flag, 48 after the speculative reset, or null), the scheduler's figures, and
+        # internal_states with the args again and the scheduler's effective running limit.
+        # No GPU ids: SGLang reports none (the trial reads CUDA_VISIBLE_DEVICES itself).
         return {
-            **facts.params,      # the server args, normalized; max_running_requests = effective
+            **facts.params,      # the server args, normalized
             "max_total_num_tokens": facts.max_total_num_tokens,
             "max_req_input_len": facts.max_req_input_len,
-            "gpu_ids": self.gpu_ids,
             "profile": self.profile.name,
             "version": f"{__version__}-sim",
             "simulator": True,
             "faults": self.faults.describe(),
             "internal_states": [
                 {
+                    **facts.params,
                     "avg_spec_accept_length": c.avg_accept_length,
-                    "max_running_requests": facts.max_running_requests,
+                    "effective_max_running_requests_per_dp": facts.max_running_requests,
                     "max_total_num_tokens": facts.max_total_num_tokens,
                     "last_gen_throughput": c.interval_gen_throughput,
                     "memory_usage": {
@@ -250,7 +247,8 @@ class Routes:
         return await self._serve(
             request,
             lambda body: parse_generate(body, self.sim.profile.defaults.max_new_tokens),
-            lambda req, params: SglangFormat(req, nodes),
+            lambda req, params: SglangFormat(
+                req, nodes, bool(self.sim.args.get("incremental_streaming_output"))),
             refusal_in_stream=True,
         )
 

@@ -11,7 +11,7 @@ experiments, a Llama target as the control.
 
 What SHOULD hold is asserted; where the project disagrees with SGLang today the test is
 `xfail(strict=True)` with the finding, so fixing the backend flips it to a failure that asks for
-the mark to go.
+the mark to go (none is marked today: findings 1, 3 and 4 of issue 16 were fixed).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import pytest
 
 from specdecode_tune import enginecache, results
 from specdecode_tune.backends import get_backend
+from specdecode_tune.backends.sglang import radix_spec_refusal
 from specdecode_tune.config import Experiment, load_experiment
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report.data import read_run
@@ -59,16 +60,6 @@ def agree(cond: object, msg: object = "") -> None:
 
 RADIX_REFUSAL = ("Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible "
                  "with radix cache when using --mamba-scheduler-strategy no_buffer.")
-XFAIL_RADIX = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
-    "finding 1: SGLang refuses every speculative argv for the hybrid Qwen3.5-MoE with radix "
-    "cache on (server_args.py `_handle_mamba_radix_cache`); the argv needs "
-    "--disable-radix-cache"))
-XFAIL_DRAFT_RULE = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
-    "finding 4: space.invalid_reason's `steps * topk + 1 >= draft` is bench_speculative.py's "
-    "grid rule; SGLang's draft tree keeps draft - 1 of topk + (steps - 1) * topk^2 candidates"))
-XFAIL_ADAPTIVE = pytest.mark.xfail(strict=True, raises=Disagreement, reason=(
-    "finding 3: --speculative-adaptive / --speculative-adaptive-config do not exist in "
-    "0.5.10.post1 (argparse exit 2); the report emits them for every SGLang version"))
 
 # ---------------------------------------------------------------------------------------------
 # Points, argv and cases
@@ -137,21 +128,24 @@ class Case:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def experiment_cases(name: str, models: dict[str, Path], target: str = "qwen35_moe"
-                     ) -> dict[str, Case]:
+def experiment_cases(name: str, models: dict[str, Path], target: str = "qwen35_moe",
+                     drop_flags: tuple[str, ...] = (), prefix: str = "") -> dict[str, Case]:
     """The argv the backend builds for the baseline and for each sampled point it would boot
-    (those `invalid_reason` lets through), keyed 'name/target/point'."""
+    (those `invalid_reason` lets through), keyed 'prefix name/target/point'; `drop_flags`
+    leaves those fixed flags out (a variant of the experiment as shipped)."""
     exp = load(name)
     cfg = stand_in(exp, models, target)
+    flags = {k: v for k, v in exp.backend.flags.items() if k not in drop_flags}
+    cfg = dataclasses.replace(cfg, flags=flags)
     backend = get_backend(exp.backend.kind)
     cases = {}
     for i, point in enumerate([dict(BASELINE)] + sample_points(exp)):
-        params = resolve(point, exp.backend.flags)
+        params = resolve(point, flags)
         if invalid_reason(params) is not None:
             continue
         argv = server_args_of(backend.argv(cfg, params, 30000)) + CPU
         key = "baseline" if i == 0 else f"p{i}"
-        cases[f"{name}/{target}/{key}"] = Case(argv, params=params)
+        cases[f"{prefix}{name}/{target}/{key}"] = Case(argv, params=params)
     return cases
 
 
@@ -262,6 +256,9 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cases.update(experiment_cases(name, models))
         cases.update(experiment_cases(name, models, target="llama"))
     cases.update(fact_cases(models))
+    # The seed's experiment without the flag that finding 1 added: what SGLang says then.
+    cases.update(experiment_cases(SEED_EXPERIMENTS[0], models, drop_flags=("disable_radix_cache",),
+                                  prefix="fact/radix-on/"))
     cases.update(report_cases(models, tmp / "run"))
     trees = sorted({t for name in SEED_EXPERIMENTS for t in tree_grid(load(name))})
     job = {"cases": [{"argv": c.argv, "env": c.env} for c in cases.values()],
@@ -301,7 +298,6 @@ def test_baseline_argv_parses(sglang: dict[str, Any], name: str) -> None:
     agree(not refused(ans), refused(ans))
 
 
-@XFAIL_RADIX
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
 def test_seed_experiment_parses_as_shipped(sglang: dict[str, Any], name: str) -> None:
     # p1 is the first enqueued point: the seed's hand-tuned steps=4, topk=1.
@@ -311,7 +307,6 @@ def test_seed_experiment_parses_as_shipped(sglang: dict[str, Any], name: str) ->
     agree(not refused({key: sglang["answers"][key]}), refused({key: sglang["answers"][key]}))
 
 
-@XFAIL_RADIX
 @pytest.mark.parametrize("name", SEED_EXPERIMENTS)
 def test_every_argv_of_the_space_parses(sglang: dict[str, Any], name: str) -> None:
     bad = refused(answers(sglang, f"{name}/qwen35_moe/"))
@@ -338,7 +333,6 @@ def test_sglang_normalizes_to_the_projects_triple(sglang: dict[str, Any], name: 
         agree(ans["triple"] == triple(cases[key].params), (key, ans["triple"]))
 
 
-@XFAIL_DRAFT_RULE
 def test_the_draft_limit_is_sglangs(sglang: dict[str, Any]) -> None:
     # Booted by the project exactly when SGLang's own draft-tree code takes the triple.
     differ = [(t, ans.get("error")) for t, ans in sglang["trees"].items()
@@ -370,13 +364,11 @@ def test_every_speculative_argv_sets_the_whole_triple(sglang: dict[str, Any]) ->
             agree(all(n in case.argv for n in names), f"{key}: {case.argv}")
 
 
-@XFAIL_RADIX
 def test_the_reports_launch_command_parses(sglang: dict[str, Any]) -> None:
     ans = sglang["answers"]["report/recommended"]
     agree(ans["ok"], ans.get("error"))
 
 
-@XFAIL_ADAPTIVE
 def test_the_reports_schedule_command_parses_or_says_which_version(
         sglang: dict[str, Any], tmp_path: Path) -> None:
     ans = sglang["answers"].get("report/schedule")
@@ -405,11 +397,15 @@ def test_fact_hybrid_refusal_and_disable_radix_cache(sglang: dict[str, Any]) -> 
 
 
 def test_fact_the_refusal_does_not_depend_on_the_point(sglang: dict[str, Any]) -> None:
-    # The same message for every speculative point of the seed's space (baseline excepted):
-    # a problem of the experiment, which the search should stop on.
-    msgs = {v["error"] for k, v in answers(sglang, "seed-sglang-eagle3/qwen35_moe/p").items()
-            if not v["ok"]}
-    assert len(msgs) <= 1, msgs
+    # Without --disable-radix-cache, every speculative point of the seed's space gets the same
+    # message (the baseline parses): a problem of the experiment, which the search should stop
+    # on. The backend holds these words, and the simulator copies them (test_backends_engines).
+    found = answers(sglang, "fact/radix-on/seed-sglang-eagle3/qwen35_moe/p")
+    msgs = {v.get("error") for v in found.values()}
+    assert msgs == {"ValueError: " + radix_spec_refusal("Qwen3_5MoeForConditionalGeneration")}
+    assert RADIX_REFUSAL in msgs.pop()
+    assert answers(sglang, "fact/radix-on/seed-sglang-eagle3/qwen35_moe/baseline")[
+        "fact/radix-on/seed-sglang-eagle3/qwen35_moe/baseline"]["ok"]
 
 
 def test_fact_normalization(sglang: dict[str, Any]) -> None:

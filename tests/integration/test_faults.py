@@ -53,6 +53,7 @@ extra_args = [{extra}]
 [backend.flags]
 cuda_graph_max_bs = 64
 mem_fraction_static = 0.85
+disable_radix_cache = true
 [space.speculative_num_steps]
 type = "int"
 low = 1

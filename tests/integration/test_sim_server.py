@@ -4,6 +4,7 @@ signals."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -18,8 +19,10 @@ from specdecode_tune.backends import SimBackend
 from specdecode_tune.backends.speccounters import in_flight
 from specdecode_tune.trial import drain
 
+# The seed profile's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
+NO_RADIX = "--disable-radix-cache"
 SPEC4 = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "4",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5")
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "5", NO_RADIX)
 FAST = ("--boot-time", "0.2", "--enable-metrics")
 
 
@@ -75,39 +78,59 @@ def test_health_is_503_while_booting_then_200() -> None:
         assert health_status(base, "/health_generate") == 200
 
 
-def test_server_info_fields_and_gpu_ids() -> None:
+def test_server_info_fields_as_sglang_0_5_10() -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5")
     with run_sim(*SPEC4, *FAST, "--random-seed", "7", env=env) as (base, _):
         status, info = _get(base + "/server_info")
         assert status == 200
         assert _get(base + "/get_server_info")[1]["max_total_num_tokens"] == \
             info["max_total_num_tokens"]
-    assert info["gpu_ids"] == ["3", "5"]
+        facts = SimBackend().read_facts(base)
+    assert "gpu_ids" not in info          # SGLang reports none; the trial reads its env
+    assert info["disable_radix_cache"] is True
     assert info["tp_size"] == 2 and info["host"] == "127.0.0.1"
     assert (info["speculative_algorithm"], info["speculative_num_steps"]) == ("EAGLE3", 4)
     assert (info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (1, 5)
     assert info["mem_fraction_static"] == 0.85 and info["cuda_graph_max_bs"] == 64
     assert info["random_seed"] == 7 and info["profile"] == "seed-qwen35-122b"
-    assert info["max_running_requests"] == 12            # derived from memory (steps 4)
+    # The flag as SGLang leaves it (48: speculation without --max-running-requests), and the
+    # scheduler's effective limit, derived from memory at steps 4: the facts reader takes it.
+    assert info["max_running_requests"] == 48
     assert 200_000 < info["max_total_num_tokens"] < 230_000
     assert info["max_req_input_len"] > 0 and info["version"]
     state = info["internal_states"][0]
-    assert state["max_running_requests"] == 12
+    assert state["max_running_requests"] == 48
+    assert state["effective_max_running_requests_per_dp"] == 12
+    assert facts.max_running_requests == 12 and facts.gpu_ids == ()
     assert {"avg_spec_accept_length", "last_gen_throughput", "memory_usage"} <= set(state)
     assert state["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
 
 
-def test_gpu_ids_empty_without_cuda_visible_devices_and_flag_caps_running() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    with run_sim(*SPEC4, *FAST, "--max-running-requests", "5", env=env) as (base, _):
+def test_the_flag_caps_running() -> None:
+    with run_sim(*SPEC4, *FAST, "--max-running-requests", "5") as (base, _):
         info = _get(base + "/server_info")[1]
-    assert info["gpu_ids"] == []
     assert info["max_running_requests"] == 5
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 5
+
+
+def test_ngram_serves_with_sglangs_defaults() -> None:
+    # 12 draft tokens fit the seed profile's KV only with fewer captured batch sizes.
+    with run_sim("--speculative-algorithm", "NGRAM", NO_RADIX, "--cuda-graph-max-bs", "16",
+                 *FAST) as (base, proc):
+        info = _get(base + "/server_info")[1]
+        status, body = _post(base + "/generate", {"text": "a b", "sampling_params": {
+            "max_new_tokens": 20, "temperature": 0}})
+        log = sim_log(proc)
+    assert (info["speculative_algorithm"], info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"]) == ("NGRAM", 10, 12)
+    assert status == 200 and body["meta_info"]["spec_draft_token_num"] == \
+        11 * body["meta_info"]["spec_verify_ct"]
+    assert "set to 12 by default for ngram" in log
 
 
 def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
     args = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8")
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8", NO_RADIX)
     with run_sim(*args, *FAST) as (base, proc):
         info = _get(base + "/server_info")[1]
         log = sim_log(proc)
@@ -118,15 +141,23 @@ def test_topk_one_forces_draft_tokens_with_a_warning() -> None:
 @pytest.mark.parametrize(
     ("args", "code", "phrase"),
     [
-        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"), 2, "set together"),
+        # SGLang's hybrid-model check comes first, raised from server_args.py: exit 1.
+        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"), 1,
+         "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not "
+         "compatible with radix cache"),
+        (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", NO_RADIX), 2,
+         "set together"),
+        # Past SGLang's draft pool (2 + 4 candidates): its draft CUDA graph capture fails.
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2",
-          "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8"), 2, "must be <="),
+          "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "8",
+          "--cuda-graph-max-bs", "16", NO_RADIX), 1,
+         "Capture cuda graph failed: selected index k out of range"),
         (("--speculative-algorithm", "MEDUSA"), 2, "invalid choice"),
         (("--mem-fraction-static", "1.5"), 2, "mem-fraction-static"),
         (("--no-such-flag",), 2, "unrecognized arguments"),
         (("--profile", "no-such-profile"), 2, "not found"),
         (("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "10",
-          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11"), 1,
+          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "11", NO_RADIX), 1,
          "Not enough memory"),
         (("--mem-fraction-static", "0.5"), 1, "Not enough memory"),
         (("--mem-fraction-static", "0.97"), 1, "CUDA out of memory"),
@@ -175,7 +206,12 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert chunks[-1] == {"done": True}
     data = chunks[:-1]
     final = data[-1]["meta_info"]
-    assert sum(len(c["output_ids"]) for c in data) == final["completion_tokens"] == 40
+    # output_ids cumulative, as SGLang streams by default; spec fields on the final chunk only.
+    assert len(data[-1]["output_ids"]) == final["completion_tokens"] == 40
+    assert all(len(c["output_ids"]) == c["meta_info"]["completion_tokens"] for c in data)
+    assert all(a["output_ids"] == b["output_ids"][:len(a["output_ids"])]
+               for a, b in itertools.pairwise(data))
+    assert not any(k.startswith("spec_") for c in data[:-1] for k in c["meta_info"])
     counts = [c["meta_info"]["completion_tokens"] for c in data]
     assert counts == sorted(counts)
     assert data[-1]["text"].split() and len(data[-1]["text"].split()) == 40       # cumulative text
@@ -184,11 +220,11 @@ def test_generate_stream_fields_and_consistency() -> None:
     assert all(c["meta_info"]["finish_reason"] is None for c in data[:-1])
     verify = final["spec_verify_ct"]
     assert final["spec_accept_length"] == pytest.approx(40 / verify)
-    assert 40 == 1 + verify + final["spec_num_correct_drafts"]  # noqa: SIM300 (the total first)
-    assert final["spec_num_proposed_drafts"] == 4 * verify
-    hist = final["spec_correct_drafts_histogram"]
+    assert 40 == 1 + verify + final["spec_accept_token_num"]  # noqa: SIM300 (the total first)
+    assert final["spec_draft_token_num"] == 4 * verify
+    hist = final["spec_accept_histogram"]
     assert len(hist) == 5 and sum(hist) == verify
-    assert sum(i * n for i, n in enumerate(hist)) == final["spec_num_correct_drafts"]
+    assert sum(i * n for i, n in enumerate(hist)) == final["spec_accept_token_num"]
     assert len(data) == verify + 1                     # a chunk per iteration: prefill, verifies
     assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(39 / verify)
 
@@ -330,6 +366,7 @@ def test_client_disconnects_free_slots_and_kv() -> None:
 
 def test_metrics_names_and_flush_cache() -> None:
     with run_sim(*SPEC4, *FAST) as (base, _):
+        before = asyncio.run(_metrics_text(base))
         _post(base + "/generate",
               {"text": "a b", "sampling_params": {"max_new_tokens": 30, "temperature": 0}})
 
@@ -341,8 +378,18 @@ def test_metrics_names_and_flush_cache() -> None:
         model = _get(base + "/model_info")[1]
     for name in ("sglang:generation_tokens_total", "sglang:num_running_reqs",
                  "sglang:num_queue_reqs", "sglang:token_usage", "sglang:spec_accept_length",
-                 "sglang:time_to_first_token_seconds_bucket"):
+                 "sglang:time_to_first_token_seconds_bucket",
+                 "sglang:inter_token_latency_seconds_bucket",
+                 "sglang:e2e_request_latency_seconds_bucket"):
         assert f"\n{name}{{" in "\n" + body, name
+    # SGLang 0.5.10 has no time-per-output-token histogram, and its labelled histograms show
+    # samples only once a request has been observed.
+    assert "sglang:time_per_output_token_seconds" not in body
+    assert "\nsglang:inter_token_latency_seconds_bucket{" not in before
+    assert "# TYPE sglang:inter_token_latency_seconds histogram" in before
+    # 29 tokens after the first, each counted once (a chunk of n counts n observations).
+    assert 'sglang:inter_token_latency_seconds_count{model_name="Qwen/Qwen3.5-122B-A10B-FP8"} ' \
+           '29' in body
     assert 'sglang:generation_tokens_total{model_name="Qwen/Qwen3.5-122B-A10B-FP8"} 30.0' in body
     assert flushed[0] == 200
     assert model["model_path"] == "Qwen/Qwen3.5-122B-A10B-FP8"

@@ -24,12 +24,16 @@ SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
 
 
 def _spec(steps: int) -> dict[str, object]:
+    # The seed's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
     return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps,
-            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1,
+            "disable_radix_cache": True}
 
 
 def _argv(params: dict[str, object]) -> list[str]:
-    return [a for k, v in params.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    return [a for k, v in params.items()
+            for a in ((f"--{k.replace('_', '-')}",) if v is True
+                      else (f"--{k.replace('_', '-')}", str(v)))]
 
 
 async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: float,
@@ -46,14 +50,17 @@ async def closed_loop(base: str, concurrency: int, workload: Workload, warmup: f
         nonlocal counted
         while True:
             async with session.post(base + "/generate", json=body) as r:
+                seen = 0      # output_ids are cumulative: a chunk's new tokens are the growth
                 async for raw in r.content:
                     if not raw.startswith(b"data: {"):
                         continue
                     now = time.perf_counter()
                     if now > end:
                         return      # leaves mid-stream: the server aborts the request
+                    total = len(json.loads(raw[6:])["output_ids"])
                     if now >= start:
-                        counted += len(json.loads(raw[6:])["output_ids"])
+                        counted += total - seen
+                    seen = total
 
     timeout = aiohttp.ClientTimeout(total=warmup + window + 60)
     async with aiohttp.ClientSession(timeout=timeout) as session:

@@ -1,4 +1,5 @@
-"""The llama.cpp and vLLM backends: params -> argv, speculative config, environment."""
+"""The llama.cpp, vLLM and SGLang backends: params -> argv, speculative config, environment,
+and what the SGLang backend knows of SGLang's releases."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune.backends import BACKENDS, get_backend
+from specdecode_tune.backends import BACKENDS, get_backend, sglang
 from specdecode_tune.backends.llamacpp import spec_type
 from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
+from specdecode_tune.config.reader import Table
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim.arguments import RADIX_SPEC_REFUSED, StartupError, normalize_params
+from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.space import resolve
 
 
@@ -194,3 +198,122 @@ def test_every_backend_keeps_the_contract(kind: str) -> None:
     assert isinstance(b.program(cfg), str) and b.program(cfg)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in b.request_headers.items())
     assert b.window_acceptance(None, None) == (None, ())
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang: the release the servers run
+
+
+def sglang_cfg(**kw: object) -> BackendConfig:
+    base: dict[str, object] = {"kind": "sglang", "model_path": "Qwen/Qwen3.5-122B-A10B",
+                               "draft_model_path": "/models/eagle3", "tp_size": 2}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+def test_sglang_release_order() -> None:
+    key = sglang.version_key
+    assert key("0.5.10.post1") < key("0.5.11") < key("0.5.13rc0") < key("0.5.13")
+    assert key("0.5.9") < key("0.5.10") and key("0.5.13") <= key("0.5.13.post2")
+    assert sglang.at_least("0.5.13", "0.5.13") and not sglang.at_least("0.5.12", "0.5.13")
+    with pytest.raises(ValueError):
+        key("latest")
+
+
+def test_sglang_version_from_the_config_then_the_installed_package_then_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    b = get_backend("sglang")
+    monkeypatch.setattr(sglang, "installed_version", lambda: None)
+    assert b.engine_version(sglang_cfg())[0] == sglang.DEFAULT_VERSION == "0.5.10.post1"
+    monkeypatch.setattr(sglang, "installed_version", lambda: "0.5.14")
+    assert b.engine_version(sglang_cfg()) == ("0.5.14", "the sglang installed here")
+    assert b.engine_version(sglang_cfg(engine_version="0.5.12")) == (
+        "0.5.12", "backend.engine_version")
+    # The simulator imitates the default release, whatever is installed.
+    assert get_backend("sim").engine_version(sglang_cfg(kind="sim"))[0] == "0.5.10.post1"
+
+
+def test_sglang_schedule_command_only_where_the_release_reads_the_file() -> None:
+    b = get_backend("sglang")
+    params = resolve({"speculative_num_steps": 5}, {})
+    cmd, why = b.schedule_command(sglang_cfg(engine_version="0.5.13"), params, "s.json")
+    assert why == "" and cmd is not None
+    assert "--speculative-adaptive --speculative-adaptive-config s.json" in cmd
+    cmd, why = b.schedule_command(sglang_cfg(engine_version="0.5.10.post1"), params, "s.json")
+    assert cmd is None and "has no --speculative-adaptive" in why and ">= 0.5.13" in why
+
+
+@pytest.mark.parametrize(("kind", "value", "words"), [
+    ("vllm", "0.5.13", "only allowed with backend.kind = 'sglang' or 'sim'"),
+    ("sglang", "latest", "must be an SGLang release such as '0.5.10.post1'"),
+])
+def test_engine_version_is_checked(kind: str, value: str, words: str) -> None:
+    table = Table({"kind": kind, "model_path": "m", "engine_version": value}, "backend", "x")
+    with pytest.raises(ConfigError, match=words):
+        BackendConfig.from_table(table)
+
+
+def test_engine_version_is_read() -> None:
+    table = Table({"kind": "sglang", "model_path": "m", "engine_version": "0.5.13"}, "backend",
+                  "x")
+    assert BackendConfig.from_table(table).engine_version == "0.5.13"
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang: a hybrid model's speculation with radix cache on
+
+
+def hybrid_model(tmp_path: Path, arch: str = "Qwen3_5MoeForConditionalGeneration") -> str:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    return str(tmp_path)
+
+
+def test_sglang_refuses_a_local_hybrid_models_speculation_with_radix_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sglang, "installed_version", lambda: None)
+    b = get_backend("sglang")
+    cfg = sglang_cfg(model_path=hybrid_model(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        b.validate(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and "SGLang 0.5.10.post1" in msg
+    assert sglang.radix_spec_refusal("Qwen3_5MoeForConditionalGeneration") in msg
+    assert "set disable_radix_cache = true in [backend.flags]" in msg
+    # What makes it boot, or where it does not apply.
+    b.validate(sglang_cfg(model_path=cfg.model_path, flags={"disable_radix_cache": True}))
+    b.validate(sglang_cfg(model_path=cfg.model_path, speculative_algorithm=None))
+    b.validate(sglang_cfg(model_path=cfg.model_path, engine_version="0.5.14"))
+    (tmp_path / "llama").mkdir()
+    b.validate(sglang_cfg(model_path=hybrid_model(tmp_path / "llama", "LlamaForCausalLM")))
+    b.validate(sglang_cfg())     # a hub id: the server's own check decides
+    # The simulator refuses at boot instead, as SGLang does (its profile names the model).
+    get_backend("sim").validate(sglang_cfg(kind="sim", model_path=cfg.model_path))
+
+
+def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:
+    # The simulator is a separate program that imitates SGLang: it keeps its own copy.
+    assert RADIX_SPEC_REFUSED == sglang.RADIX_SPEC_REFUSED
+    arch = "Qwen3_5MoeForConditionalGeneration"
+    with pytest.raises(StartupError) as e:
+        normalize_params(load_profile("seed-qwen35-122b"), {"speculative_algorithm": "EAGLE3"})
+    assert e.value.message == "ValueError: " + sglang.radix_spec_refusal(arch)
+
+
+@pytest.mark.parametrize(("info", "running"), [
+    # 0.5.10: the flag (48 after the speculative reset) and the scheduler's effective limit.
+    ({"max_running_requests": 48, "internal_states": [
+        {"max_running_requests": 48, "effective_max_running_requests_per_dp": 17}]}, 17),
+    ({"max_running_requests": 64, "dp_size": 2, "internal_states": [
+        {"max_running_requests": 64, "effective_max_running_requests_per_dp": 20}]}, 40),
+    # No speculation, no flag: null flag, memory's figure.
+    ({"max_running_requests": None, "internal_states": [
+        {"max_running_requests": None, "effective_max_running_requests_per_dp": 2048}]}, 2048),
+    # An SGLang without the effective figure: the flag, wherever it is.
+    ({"max_running_requests": None, "internal_states": [{"max_running_requests": 26}]}, 26),
+    ({"max_running_requests": 30}, 30),
+])
+def test_sglang_facts_read_the_effective_running_limit(monkeypatch: pytest.MonkeyPatch,
+                                                       info: dict, running: int) -> None:
+    monkeypatch.setattr(sglang, "get_json", lambda url, timeout_s: info)
+    facts = get_backend("sglang").read_facts("http://127.0.0.1:1")
+    assert facts.max_running_requests == running and facts.gpu_ids == ()

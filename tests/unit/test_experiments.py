@@ -81,6 +81,29 @@ def test_sglang_servers_are_sized_for_the_highest_concurrency(path: Path) -> Non
         assert int(flag(argv, "--max-running-requests")) >= top
 
 
+@pytest.mark.parametrize("path", [p for p in EXPERIMENTS
+                                  if load_experiment(p).backend.kind in ("sglang", "sim")],
+                         ids=lambda p: p.name)
+def test_the_hybrid_seed_model_speculates_without_radix_cache(path: Path) -> None:
+    # SGLang 0.5.10 refuses speculation on Qwen3.5-MoE with radix cache on (a hybrid model;
+    # docs/engines-sglang.md section 1), and so does the simulator on the seed's profile: every
+    # speculative point of these experiments must pass --disable-radix-cache.
+    exp = load_experiment(path)
+    assert exp.backend.model_path == SEED_MODEL
+    assert exp.backend.flags.get("disable_radix_cache") is True
+    assert "--disable-radix-cache" in argv_of(exp, exp.search.enqueue[0])
+    if exp.backend.kind == "sim":
+        from specdecode_tune.sim.__main__ import build_parser, server_args
+        from specdecode_tune.sim.model import normalize_params
+        from specdecode_tune.sim.profile import load_profile
+        argv = get_backend("sim").argv(exp.backend, resolve(exp.search.enqueue[0],
+                                                            exp.backend.flags), 30000)
+        ns = build_parser().parse_args(argv[3:])
+        profile = load_profile(ns.profile)
+        assert profile.architecture == "Qwen3_5MoeForConditionalGeneration"
+        normalize_params(profile, server_args(ns, profile.model_path))
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
 def test_real_servers_use_the_cluster_s_gpus(path: Path) -> None:
     # Logical GPUs are for the simulator and CPU engines on a local cluster; an experiment for

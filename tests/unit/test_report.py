@@ -318,6 +318,9 @@ def test_no_experiment_means_no_command_and_says_why(tmp_path: Path) -> None:
 def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     # steps=5 is +8.3% at C=1 (beyond noise) and -30% at C=16: a schedule pays.
     seed_run(tmp_path, curve={**SEED, 5: {1: 300, 16: 1119}})
+    # A release that reads the per-batch-size file (SGLang >= 0.5.13).
+    (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
+        "tp_size = 2\n", 'tp_size = 2\nengine_version = "0.5.13"\n', 1))
     data = read_run(str(tmp_path))
     s = schedule(data)
     assert [(e.c, e.steps, e.tok_s) for e in s.chain] == [(1, 5, 300), (16, 4, 1596)]
@@ -335,6 +338,32 @@ def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     paths = {Path(p).name: p for p in out.schedule_paths}
     assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == s.sglang
     assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == s.vllm
+
+
+@pytest.mark.parametrize(("version", "words"), [
+    (None, "SGLang 0.5.10.post1 (the release the simulator imitates; set "
+           "backend.engine_version) has no --speculative-adaptive"),
+    ("0.5.10.post1", "SGLang 0.5.10.post1 (backend.engine_version) has no"),
+    ("0.5.12", "SGLang 0.5.12 (backend.engine_version) reads --speculative-adaptive-config as "
+               "one flat object"),
+])
+def test_schedule_command_only_for_a_release_that_takes_it(tmp_path: Path, version: str | None,
+                                                           words: str) -> None:
+    # --speculative-adaptive[-config] do not exist in 0.5.10.post1 (argparse exit 2); 0.5.11
+    # and 0.5.12 have them with another file format: the report says which release it needs
+    # and still writes the file.
+    seed_run(tmp_path, curve={**SEED, 5: {1: 300, 16: 1119}})
+    if version is not None:
+        (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
+            "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1))
+    s = schedule(read_run(str(tmp_path)))
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "16": {"candidate_steps": [4]}}
+    assert s.sglang_command is None
+    note = next(n for n in s.notes if n.startswith("No SGLang schedule command"))
+    assert words in note and "needs SGLang >= 0.5.13" in note
+    out = write_report(str(tmp_path))
+    assert "sglang-adaptive-config.json" in {Path(p).name for p in out.schedule_paths}
+    assert note in Path(out.path).read_text()
 
 
 def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) -> None:

@@ -54,7 +54,9 @@ def test_the_grid_runs_in_bench_speculatives_order(se: ModuleType) -> None:
 
 def test_the_truth_is_exhaustive_noise_free_predict(se: ModuleType) -> None:
     truth = se.truth_of("seed-qwen35-122b")
-    assert len(truth.points) == 3926
+    # 13 memory fractions x 333 distinct triples (draft tokens <= 1 + topk + (steps-1) * topk^2;
+    # 302 under the old `steps * topk + 1` rule, 31 of them real servers it left out)
+    assert len(truth.points) == 13 * 333
     assert truth.optimum == (4, 1, 5, 0.92)
     wl = Workload(256, 256, 0.0)
     params = se.server_params(truth.exp, {"speculative_num_steps": 4,

@@ -45,6 +45,7 @@ api_key_env = "{KEY_VAR}"
 extra_args = ["--api-key-env", "{KEY_VAR}"]
 [backend.flags]
 cuda_graph_max_bs = 64
+disable_radix_cache = true
 [space.speculative_num_steps]
 type = "int"
 low = 1

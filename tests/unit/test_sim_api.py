@@ -69,15 +69,36 @@ def test_sglang_final_chunk_is_consistent() -> None:
     fmt = SglangFormat(req, spec_draft_nodes=1)
     first = fmt.chunks([5, 6], done=False)[0]
     last = fmt.chunks([7, 8], done=True)[0]
-    assert first["meta_info"]["finish_reason"] is None and \
-        "spec_accept_length" not in first["meta_info"]
+    # SGLang 0.5.10: the speculative fields only once the request has finished.
+    assert first["meta_info"]["finish_reason"] is None
+    assert not any(k.startswith("spec_") for k in first["meta_info"])
     meta = last["meta_info"]
-    assert len(last["text"].split()) == 4 and last["output_ids"] == [7, 8]
-    assert meta["spec_accept_length"] == 2.0 and meta["spec_num_proposed_drafts"] == 2
-    assert meta["spec_accept_rate"] == 0.5 and meta["spec_correct_drafts_histogram"] == [1, 1]
+    # text and output_ids are cumulative (SGLang's default streaming output)
+    assert first["output_ids"] == [5, 6] and len(first["text"].split()) == 2
+    assert len(last["text"].split()) == 4 and last["output_ids"] == [5, 6, 7, 8]
+    assert meta["spec_verify_ct"] == 2 and meta["spec_accept_length"] == 2.0
+    assert meta["spec_accept_token_num"] == 1 and meta["spec_draft_token_num"] == 2
+    assert meta["spec_accept_rate"] == 0.5 and meta["spec_accept_histogram"] == [1, 1]
     assert meta["finish_reason"] == {"type": "length", "length": 4}
     plain = SglangFormat(req, spec_draft_nodes=None).full([1, 2, 3, 4])["meta_info"]
     assert not any(k.startswith("spec_") for k in plain)
+
+
+def test_sglang_incremental_streaming_output_sends_only_the_new_part() -> None:
+    req = make_request(generated=4, verify_ct=2, correct_drafts=1, histogram=[1, 1])
+    fmt = SglangFormat(req, spec_draft_nodes=1, incremental=True)
+    first = fmt.chunks([5, 6], done=False)[0]
+    last = fmt.chunks([7, 8], done=True)[0]
+    assert first["output_ids"] == [5, 6] and last["output_ids"] == [7, 8]
+    assert len(last["text"].split()) == 2
+    assert last["meta_info"]["completion_tokens"] == 4    # the counter stays cumulative
+
+
+def test_sglang_sends_no_spec_fields_without_a_verify_step() -> None:
+    # max_new_tokens = 1: the prefill's token only, spec_verify_ct 0: SGLang adds none.
+    req = make_request(generated=1, verify_ct=0, correct_drafts=0, histogram=[0, 0])
+    meta = SglangFormat(req, spec_draft_nodes=3).full([9])["meta_info"]
+    assert not any(k.startswith("spec_") for k in meta)
 
 
 def test_openai_usage_goes_where_the_client_asked() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import math
 import time
@@ -10,17 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from specdecode_tune.backends import get_backend
+from specdecode_tune.server.failures import classify_failure
+from specdecode_tune.sim.boot import draft_candidates
 from specdecode_tune.sim.model import (
     StartupError,
     Workload,
     accept_moments,
     expected_steps,
+    normalize_params,
     predict,
     startup,
     step_time,
     tree_acceptance,
 )
 from specdecode_tune.sim.profile import load_profile
+from specdecode_tune.space import max_draft_tokens
 
 SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
 PROFILE = load_profile("seed-qwen35-122b")
@@ -28,9 +34,11 @@ WORKLOAD = Workload.calibration(PROFILE)
 
 
 def spec(steps: int, topk: int = 1, draft: int | None = None, **extra: object) -> dict[str, object]:
+    # The seed's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
     return {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps,
             "speculative_eagle_topk": topk,
-            "speculative_num_draft_tokens": steps + 1 if draft is None else draft, **extra}
+            "speculative_num_draft_tokens": steps + 1 if draft is None else draft,
+            "disable_radix_cache": True, **extra}
 
 
 def seed_rows(metric: str) -> list[tuple[int | None, int, float]]:
@@ -111,36 +119,129 @@ def test_partial_speculative_numbers_are_invalid() -> None:
                    {"speculative_num_steps": 3, "speculative_eagle_topk": 1},
                    {"speculative_num_draft_tokens": 4}):
         with pytest.raises(StartupError) as e:
-            startup(PROFILE, {"speculative_algorithm": "EAGLE3", **params})
+            startup(PROFILE, {"speculative_algorithm": "EAGLE3", "disable_radix_cache": True,
+                              **params})
         assert e.value.kind == "invalid_args" and e.value.exit_code == 2
         assert "set together" in e.value.message
 
 
+RADIX_REFUSAL = (
+    "ValueError: Speculative decoding for Qwen3_5MoeForConditionalGeneration is not compatible "
+    "with radix cache when using --mamba-scheduler-strategy no_buffer.To use radix cache with "
+    "speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+    "SGLANG_ENABLE_SPEC_V2=1.")
+
+
+def test_the_hybrid_seed_model_refuses_speculation_with_radix_cache_as_sglang_does() -> None:
+    # SGLang 0.5.10.post1's _handle_mamba_radix_cache, word for word, for every speculative
+    # point (the same message: a property of the experiment, not of the point), raised from
+    # its argument checks: a traceback and exit 1, before anything loads.
+    assert PROFILE.architecture == "Qwen3_5MoeForConditionalGeneration"
+    messages = set()
+    for params in (spec(4), spec(3, 4, 16), {"speculative_algorithm": "EAGLE3"}):
+        params = {k: v for k, v in params.items() if k != "disable_radix_cache"}
+        with pytest.raises(StartupError) as e:
+            normalize_params(PROFILE, params)
+        assert e.value.kind == "invalid_args" and e.value.exit_code == 1
+        messages.add(e.value.message)
+        text = e.value.log_text()
+        assert text.startswith("Traceback (most recent call last):")
+        assert 'File "sglang/srt/server_args.py", line 2206, in _handle_mamba_radix_cache' in text
+        assert text.endswith(RADIX_REFUSAL)
+    assert messages == {RADIX_REFUSAL}
+    # The server classifier reads it as SGLang's argument check, with SGLang's line.
+    assert classify_failure(1, e.value.log_text(), get_backend("sim")) == (
+        "invalid_args", RADIX_REFUSAL)
+    # No speculation keeps radix cache; --disable-radix-cache makes every point parse.
+    assert startup(PROFILE, {}).params["disable_radix_cache"] is False
+    assert startup(PROFILE, spec(3, 4, 16, cuda_graph_max_bs=8)).draft_tokens == 16
+    # A model SGLang does not treat as hybrid speculates with radix cache on.
+    llama = dataclasses.replace(PROFILE, architecture="LlamaForCausalLM")
+    assert startup(llama, {**spec(4), "disable_radix_cache": False}).speculative
+
+
+def test_ngram_is_an_algorithm_with_sglangs_defaults_and_no_draft_model() -> None:
+    # SGLang 0.5.10: NGRAM takes topk from --speculative-ngram-max-bfs-breadth (10), draft
+    # tokens 12 unless given, the 48 cap; no draft model (no draft weights, KV or passes), and
+    # no EAGLE draft-pool limit. (SGLang refuses it off CUDA; the sim stands in for CUDA.)
+    ngram = {"speculative_algorithm": "NGRAM", "disable_radix_cache": True}
+    args, warnings = normalize_params(PROFILE, ngram)
+    assert (args["speculative_num_steps"], args["speculative_eagle_topk"],
+            args["speculative_num_draft_tokens"]) == (None, 10, 12)
+    assert args["max_running_requests"] == 48
+    assert any("set to 12 by default for ngram" in w for w in warnings)
+    args, _ = normalize_params(PROFILE, {**ngram, "speculative_ngram_max_bfs_breadth": 4,
+                                         "speculative_num_draft_tokens": 5,
+                                         "speculative_eagle_topk": 2})
+    assert (args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) == (4, 5)
+    f = startup(PROFILE, {**ngram, "speculative_num_draft_tokens": 5})
+    eagle = startup(PROFILE, spec(4, 4, 5))
+    assert f.speculative and not f.draft_model and eagle.draft_model
+    assert f.max_total_num_tokens > eagle.max_total_num_tokens       # no draft weights or KV
+    assert step_time(PROFILE, f, 8) < step_time(PROFILE, eagle, 8)    # no draft passes
+    # NEXTN runs as EAGLE, as in SGLang.
+    assert startup(PROFILE, {**spec(3), "speculative_algorithm": "NEXTN"}).params[
+        "speculative_algorithm"] == "EAGLE"
+
+
 def test_no_numbers_means_the_servers_own_choice() -> None:
-    f = startup(PROFILE, {"speculative_algorithm": "EAGLE3"})
+    f = startup(PROFILE, {"speculative_algorithm": "EAGLE3", "disable_radix_cache": True})
     d = PROFILE.defaults
     assert (f.num_steps, f.topk, f.draft_tokens) == (
         d.speculative_num_steps, d.speculative_eagle_topk, d.speculative_num_draft_tokens)
 
 
 def test_topk_one_forces_draft_tokens_to_steps_plus_one_with_a_warning() -> None:
-    f = startup(PROFILE, spec(3, 1, 8))
+    f = startup(PROFILE, spec(3, 1, 8, max_running_requests=64))
     assert f.draft_tokens == 4 and f.params["speculative_num_draft_tokens"] == 4
     assert len(f.warnings) == 1 and "adjusted" in f.warnings[0]
-    assert startup(PROFILE, spec(3, 1, 4)).warnings == ()
+    assert startup(PROFILE, spec(3, 1, 4, max_running_requests=64)).warnings == ()
 
 
-def test_more_draft_tokens_than_the_tree_holds_is_invalid() -> None:
-    with pytest.raises(StartupError, match="must be <="):
-        startup(PROFILE, spec(2, 2, 6))          # 2 * 2 + 1 = 5 < 6
-    assert startup(PROFILE, spec(2, 2, 5)).draft_tokens == 5
+def test_more_draft_tokens_than_the_tree_holds_fails_at_boot_as_sglang_does() -> None:
+    # SGLang's pool: topk + (steps - 1) * topk^2 candidates (2 + 4 = 6 here), of which it keeps
+    # draft - 1. Its argument checks take any count (normalize_params passes); the draft CUDA
+    # graph capture fails, after the memory checks.
+    normalize_params(PROFILE, spec(2, 2, 8, cuda_graph_max_bs=16))
+    with pytest.raises(StartupError) as e:
+        startup(PROFILE, spec(2, 2, 8, cuda_graph_max_bs=16))
+    assert e.value.kind == "crashed" and e.value.exit_code == 1
+    assert e.value.message.startswith(
+        "Exception: Capture cuda graph failed: selected index k out of range\nPossible solutions")
+    # 7 draft tokens fill the pool: more than the old `steps * topk + 1` (5) rule allowed.
+    f = startup(PROFILE, spec(2, 2, 7))
+    assert f.draft_tokens == 7 and f.tree_widths == (2, 4)
+    assert draft_candidates(2, 2) == 6 and draft_candidates(3, 4) == 36
+    assert draft_candidates(4, 1) == 4
+
+
+def test_the_simulator_and_the_space_agree_on_the_draft_limit() -> None:
+    # The space (what the search boots) and the simulator (what SGLang boots) hold the same
+    # limit, each written from SGLang's code; the contract tests check the space against it.
+    for steps in range(1, 13):
+        for topk in (1, 2, 4, 8):
+            assert draft_candidates(steps, topk) + 1 == max_draft_tokens(steps, topk)
+
+
+def test_nodes_past_topk_per_depth_add_cost_not_acceptance() -> None:
+    # Past steps * topk nodes every depth has topk alternatives under the accepted node; the
+    # rest hang off other branches: wider deeper depths, the same acceptance, more verify work.
+    p, hit = PROFILE.acceptance.greedy, PROFILE.acceptance.sibling_hit
+    q5, w5 = tree_acceptance(p, hit, 2, 2, 4)
+    q7, w7 = tree_acceptance(p, hit, 2, 2, 6)
+    assert w5 == (2, 2) and w7 == (2, 4) and q5 == q7
+    q, w = tree_acceptance(p, hit, 3, 4, 35)
+    assert w == (4, 16, 15) and sum(w) == 35
+    small, big = startup(PROFILE, spec(2, 2, 5)), startup(PROFILE, spec(2, 2, 7))
+    assert step_time(PROFILE, big, 8) > step_time(PROFILE, small, 8)
 
 
 @pytest.mark.parametrize(
     "params",
     [{"speculative_algorithm": "MEDUSA"}, {"mem_fraction_static": 1.2}, {"mem_fraction_static": 0},
      {"tp_size": 0}, {"cuda_graph_max_bs": 0}, {"max_running_requests": 0}, spec(3, 0, 4),
-     {"speculative_algorithm": "EAGLE", "speculative_num_steps": -1}, {"tp_size": True}],
+     {"speculative_algorithm": "EAGLE", "speculative_num_steps": -1, "disable_radix_cache": True},
+     {"tp_size": True}],
 )
 def test_bad_values_are_invalid_args(params: dict[str, object]) -> None:
     with pytest.raises(StartupError) as e:
@@ -185,6 +286,26 @@ def test_smaller_graph_batch_frees_kv_and_makes_steps_10_fit() -> None:
 def test_max_running_requests_flag_caps_the_derived_limit() -> None:
     assert startup(PROFILE, spec(1, max_running_requests=4)).max_running_requests == 4
     assert startup(PROFILE, spec(1, max_running_requests=1000)).max_running_requests == 26
+
+
+def test_speculation_without_the_flag_caps_running_at_48_as_sglang_does() -> None:
+    # _handle_speculative_decoding: max_running_requests unset -> 48, with its warning; the
+    # server args then say 48 and the scheduler runs min(48, what memory allows).
+    big = dataclasses.replace(PROFILE, memory=dataclasses.replace(
+        PROFILE.memory, request_reserve_tokens=1000))
+    f = startup(big, spec(1))
+    assert f.params["max_running_requests"] == 48 and f.max_running_requests == 48
+    assert f.memory_running_limit > 48
+    assert f.warnings == ("Max running requests is reset to 48 for speculative decoding. You "
+                          "can override this by explicitly setting --max-running-requests.",)
+    assert startup(big, spec(1, max_running_requests=64)).max_running_requests == 64
+    # The seed's memory allows fewer: the flag says 48, the effective limit is memory's.
+    seed = startup(PROFILE, spec(4))
+    assert (seed.params["max_running_requests"], seed.max_running_requests) == (48, 12)
+    # No speculation, no flag: nothing set, memory decides.
+    plain = startup(big, {})
+    assert plain.params["max_running_requests"] is None
+    assert plain.max_running_requests == plain.memory_running_limit > 48
 
 
 # ----------------------------------------------------------------------------- model invariants

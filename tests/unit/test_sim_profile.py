@@ -89,6 +89,8 @@ def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
         (lambda d: d.pop("boot"), "[boot] = None: must be a table"),
         (lambda d: d.__setitem__("extra", 1), "unknown key 'extra'"),
         (lambda d: d.__setitem__("name", 3), "name = 3: must be a string"),
+        (lambda d: d.__setitem__("architecture", ["Llama"]),
+         "architecture = ['Llama']: must be a string (the model's config.json"),
     ],
 )
 def test_validation_names_key_value_and_allowed(edit, message: str) -> None:
@@ -133,3 +135,10 @@ def test_a_profile_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match=r"deep\.toml: (TOML nested too deeply|not valid TOML)"):
         load_profile(path)
+
+
+def test_architecture_is_optional() -> None:
+    data = copy.deepcopy(seed_dict())
+    assert profile_from_dict(data).architecture == "Qwen3_5MoeForConditionalGeneration"
+    data.pop("architecture")
+    assert profile_from_dict(data).architecture == ""

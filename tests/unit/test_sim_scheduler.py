@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from specdecode_tune.sim.metrics import Histogram
 from specdecode_tune.sim.model import (
     accept_moments,
     expected_steps,
@@ -27,8 +28,10 @@ from specdecode_tune.sim.scheduler import (
 
 BASE = load_profile("seed-qwen35-122b")
 QUIET = dataclasses.replace(BASE, noise=Noise(boot_sigma=0.0, step_sigma=0.0))
+# The seed's model is a hybrid: SGLang 0.5.10 speculates on it only without radix cache.
 SPEC4 = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 4,
-         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5}
+         "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 5,
+         "disable_radix_cache": True}
 
 
 async def drain(req: SimRequest) -> list[list[int]]:
@@ -196,3 +199,13 @@ def test_boot_speed_factor_has_mean_one_and_the_profiles_spread() -> None:
     # no noise seed: two boots draw from fresh entropy and differ
     assert boot_speed_factor(sigma, random.Random()) != boot_speed_factor(sigma, random.Random())
     assert boot_speed_factor(0.0, rng) == 1.0
+
+
+def test_inter_token_latency_counts_each_token_of_a_chunk_as_sglang_does() -> None:
+    # metrics_collector.observe_inter_token_latency: interval / tokens into one bucket, counted
+    # `tokens` times; the sum grows by the whole interval.
+    h = Histogram.inter_token()
+    h.observe_chunk(0.03, 3)
+    h.observe_chunk(0.05, 1)
+    assert h.count == 4 and h.total == pytest.approx(0.08)
+    assert h.counts[h.buckets.index(0.010)] == 3 and h.counts[h.buckets.index(0.060)] == 1

@@ -18,7 +18,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, invalid_reason, is_baseline, resolve
+from ...space import (
+    DRAFT,
+    MEM,
+    STEPS,
+    TOPK,
+    ParamSpec,
+    invalid_reason,
+    is_baseline,
+    max_draft_tokens,
+    resolve,
+)
 
 FLOAT_GRID = 17                                # points of a continuous float axis
 
@@ -56,7 +66,7 @@ def enumerate_space(specs: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> Can
         steps, topk = int(merged.get(STEPS, 3)), int(merged.get(TOPK, 1))
         drafts: list[Any] = [None]
         if topk > 1 and draft_spec is not None:
-            drafts = [d for d in _axis_values(draft_spec) if d <= steps * topk + 1]
+            drafts = [d for d in _axis_values(draft_spec) if d <= max_draft_tokens(steps, topk)]
         for d in drafts:
             point = dict(sampled)
             if d is not None:

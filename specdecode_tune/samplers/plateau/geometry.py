@@ -90,7 +90,8 @@ def find_plateau(
         return None
     edge_value, inner_value = best[levels[edge]][1], best[levels[inner]][1]
     # The jump trial inherits the incumbent's other values, so its range for this axis is
-    # (in a define-by-run space) the incumbent's: e.g. draft tokens <= steps * topk + 1.
+    # (in a define-by-run space) the incumbent's: e.g. draft tokens <= 1 + topk + (steps - 1)
+    # * topk^2.
     target = jump_target(
         axis, edge_value, inner_value, direction, incumbent.distributions[axis.name]
     )

@@ -1,0 +1,246 @@
+"""What a simulated server is once started: SGLang's start-up rules, memory and draft tree.
+
+`startup(profile, params)` applies SGLang's argument rules (`arguments.normalize_params`) and
+its memory accounting and returns the server's `Facts`, the draft tree's shape and acceptance
+included, or raises `StartupError` with an SGLang-like message. Pure functions, no I/O; the
+performance model that runs on the Facts is `model.py`.
+
+Memory, per GPU (weights and KV per token are split evenly over `tp_size` ranks):
+
+    static pool   = mem_fraction_static * gpu_memory
+    reserved      = pool_fixed + pool_bytes_per_graph_token * cuda_graph_max_bs * n
+    KV pool       = static pool - weights(target [+ draft]) - reserved
+    max_total_num_tokens = KV pool / (kv_bytes_per_token [+ draft_kv_bytes_per_token]) * tp
+    running limit = min(--max-running-requests, max_total_num_tokens // request_reserve_tokens)
+                    (the flag is 48 with speculation when unset, as SGLang resets it)
+    headroom need = headroom_fixed + headroom_bytes_per_graph_token * cuda_graph_max_bs * n
+
+where n = tokens verified per request per step (num_draft_tokens, or 1 without speculation).
+A KV pool that cannot hold one request (`request_reserve_tokens`) is "Not enough memory";
+headroom (1 - mem_fraction_static) below the need is "CUDA out of memory".
+
+Acceptance: the profile gives conditional probabilities p_i (position i accepted given all
+before it). A chain (topk = 1) accepts position i with probability prod_{j<=i} p_j. A tree
+(topk > 1) with n - 1 draft nodes is modelled by widths w_i per depth i <= steps; the first
+min(w_i, topk) candidates at depth i are treated as alternatives for the token on the accepted
+path (SGLang's pool has topk^2 candidates below the first depth, topk under each node), so
+q_i(w) = 1 - (1 - p_i) * (1 - sibling_hit) ** (w - 1): each extra candidate catches a share
+`sibling_hit` of the remaining misses, never above 1 and equal to p_i for one candidate. The
+widths are chosen greedily, one node at a time, where it adds the most expected tokens (SGLang
+also keeps the best-scoring nodes). This is optimistic for real trees, where some siblings hang
+off rejected branches; it is plausible, monotone in n, and reduces exactly to the chain.
+
+The tree's limit: SGLang scores topk + (steps - 1) * topk^2 candidates (`draft_candidates`) and
+keeps num_draft_tokens - 1 of them with `torch.topk`; a larger count passes the argument checks
+and fails at boot, in the draft worker's CUDA graph capture (`startup` raises it after the
+memory checks, with SGLang's message). NGRAM builds its tree otherwise and is not limited so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from specdecode_tune.sim.arguments import StartupError, normalize_params
+from specdecode_tune.sim.profile import Profile
+
+GiB = 1024**3
+# SGLang's words when a CUDA graph capture fails (model_executor/cuda_graph_runner.py
+# CUDA_GRAPH_CAPTURE_FAILED_MSG, 0.5.10.post1), after "Capture cuda graph failed: <error>".
+CUDA_GRAPH_CAPTURE_FAILED_MSG = (
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
+    "3. disable torch compile by not using --enable-torch-compile\n"
+    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What a server with these args is once started: normalized args, limits, memory."""
+
+    params: Mapping[str, Any] = field(hash=False)   # normalized server args (SGLang names)
+    warnings: tuple[str, ...]
+    speculative: bool
+    draft_model: bool              # draft passes and a draft model's memory (not NGRAM)
+    num_steps: int                 # tree depth: 0 without speculation
+    topk: int
+    draft_tokens: int              # tokens verified per request per step (1 without speculation)
+    tree_widths: tuple[int, ...]   # draft nodes per depth
+    accept_greedy: tuple[float, ...]    # effective conditional acceptance per depth
+    accept_sampled: tuple[float, ...]
+    tp_size: int
+    cuda_graph_max_bs: int
+    mem_fraction_static: float
+    max_total_num_tokens: int
+    memory_running_limit: int      # what memory alone allows
+    max_running_requests: int      # effective: min(flag, memory limit); the flag (48 with
+                                   # speculation when unset) stays in params
+    max_req_input_len: int
+    weight_bytes: int              # per GPU
+    kv_bytes: int                  # per GPU, the KV pool
+    reserved_bytes: int            # per GPU, in-pool buffers
+    headroom_bytes: int            # per GPU, available outside the pool
+    headroom_need_bytes: int       # per GPU, needed outside the pool
+
+    def accept_probs(self, temperature: float) -> tuple[float, ...]:
+        return self.accept_sampled if temperature > 0 else self.accept_greedy
+
+
+
+
+
+def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
+    """The server's facts after start-up, or StartupError as SGLang would fail."""
+    args, warnings = normalize_params(profile, params)
+    m, hw = profile.memory, profile.hardware
+    spec = args["speculative_algorithm"] is not None
+    ngram = args["speculative_algorithm"] == "NGRAM"
+    draft_model = spec and not ngram     # NGRAM loads no draft model and runs no draft passes
+    topk = args["speculative_eagle_topk"] or 1
+    n = args["speculative_num_draft_tokens"] or 1
+    # NGRAM's trie paths may run as deep as its draft tokens; the EAGLE tree is `steps` deep.
+    steps = n - 1 if ngram else args["speculative_num_steps"] or 0
+    tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
+
+    gpu = hw.gpu_memory_bytes
+    weights = (m.target_weight_bytes + (m.draft_weight_bytes if draft_model else 0)) / tp
+    cell = (m.kv_bytes_per_token + (m.draft_kv_bytes_per_token if draft_model else 0)) / tp
+    reserved = m.pool_fixed_bytes + m.pool_bytes_per_graph_token * gbs * n
+    kv_bytes = frac * gpu - weights - reserved
+    kv_tokens = int(kv_bytes // cell) if kv_bytes > 0 else 0
+    if kv_tokens < m.request_reserve_tokens:
+        # SGLang: RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
+        raise StartupError(
+            "kv_memory",
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+            f"(mem_fraction_static={frac}: static pool {frac * gpu / GiB:.2f} GiB, weights "
+            f"{weights / GiB:.2f} GiB, reserved {reserved / GiB:.2f} GiB, KV pool "
+            f"{kv_bytes / GiB:.2f} GiB = {kv_tokens} tokens, one request needs "
+            f"{m.request_reserve_tokens})",
+        )
+    headroom = (1 - frac) * gpu
+    need = m.headroom_fixed_bytes + m.headroom_bytes_per_graph_token * gbs * n
+    if headroom < need:
+        raise StartupError(
+            "oom",
+            "Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            f"allocate {(need - headroom) / GiB:.2f} GiB. GPU 0 has a total capacity of "
+            f"{gpu / GiB:.2f} GiB of which {headroom / GiB:.2f} GiB is free outside the static "
+            f"pool (mem_fraction_static={frac}, cuda_graph_max_bs={gbs}, draft tokens={n}). "
+            "Possible solutions: 1. set --mem-fraction-static to a smaller value "
+            "2. set --cuda-graph-max-bs to a smaller value 3. use fewer draft tokens "
+            "4. set --max-running-requests lower",
+        )
+    pool = draft_candidates(steps, topk)
+    if draft_model and n - 1 > pool:
+        # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
+        # runs draft_forward, whose organize_draft_results does torch.topk(scores, n - 1) over
+        # a pool of `pool` candidates (eagle_draft_cuda_graph_runner.py wraps the error).
+        raise StartupError(
+            "crashed",
+            "Exception: Capture cuda graph failed: selected index k out of range\n"
+            + CUDA_GRAPH_CAPTURE_FAILED_MSG,
+        )
+    mem_limit = kv_tokens // m.request_reserve_tokens
+    flag = args["max_running_requests"]
+    running_limit = min(mem_limit, flag) if flag else mem_limit
+    hit = profile.acceptance.sibling_hit
+    greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, steps, topk, n - 1)
+    sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, steps, topk, n - 1)
+    return Facts(
+        params=args,
+        warnings=warnings,
+        speculative=spec,
+        draft_model=draft_model,
+        num_steps=steps,
+        topk=topk,
+        draft_tokens=n,
+        tree_widths=widths,
+        accept_greedy=greedy,
+        accept_sampled=sampled,
+        tp_size=tp,
+        cuda_graph_max_bs=gbs,
+        mem_fraction_static=frac,
+        max_total_num_tokens=kv_tokens,
+        memory_running_limit=mem_limit,
+        max_running_requests=running_limit,
+        max_req_input_len=min(m.context_length - 1, kv_tokens - 1),
+        weight_bytes=int(weights),
+        kv_bytes=int(kv_bytes),
+        reserved_bytes=int(reserved),
+        headroom_bytes=int(headroom),
+        headroom_need_bytes=int(need),
+    )
+
+
+# --------------------------------------------------------------------------- the draft tree
+
+
+def draft_candidates(steps: int, topk: int) -> int:
+    """Candidates SGLang's EAGLE draft tree scores (`EAGLEWorker.draft_forward`:
+    `select_top_k_tokens` yields topk at the first step, topk^2 at each later one); it keeps
+    the best num_draft_tokens - 1 of them."""
+    return topk + (steps - 1) * topk * topk if steps > 0 else 0
+
+
+@lru_cache(maxsize=4096)
+def tree_acceptance(
+    probs: tuple[float, ...], sibling_hit: float, steps: int, topk: int, nodes: int
+) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Effective conditional acceptance per depth, and the draft nodes per depth.
+
+    `nodes` draft nodes (num_draft_tokens - 1) go, one at a time, where they add the most
+    expected accepted tokens: a new depth (if the one above it has a node) or one more
+    candidate at an existing depth (up to `topk`). See the module docstring for q_i(w). Nodes
+    left once every depth has `topk` (SGLang's pool holds topk^2 below the first depth) widen
+    the deeper depths, up to topk children of each of the topk nodes above: they hang off
+    other branches than the accepted one, so they add verify work and no acceptance.
+    """
+    depth_max = min(steps, nodes)
+    if depth_max <= 0:
+        return (), ()
+    base = [probs[min(i, len(probs) - 1)] for i in range(depth_max)]
+    widths = [0] * depth_max
+    q = [0.0] * depth_max
+
+    def q_of(i: int, w: int) -> float:
+        return 0.0 if w == 0 else 1.0 - (1.0 - base[i]) * (1.0 - sibling_hit) ** (w - 1)
+
+    for _ in range(nodes):
+        # prefix[i] = P(every depth before i accepted)
+        cum, prefix = 1.0, []
+        for qi in q:
+            prefix.append(cum)
+            cum *= qi
+        best, best_gain = -1, -1.0
+        for i in range(depth_max):
+            if widths[i] >= topk or (i > 0 and widths[i - 1] == 0):
+                continue
+            new = q_of(i, widths[i] + 1)
+            # gain = prefix[i] * (new - q_i) * (1 + expected accepted after depth i | depth i)
+            after, c = 0.0, 1.0
+            for j in range(i + 1, depth_max):
+                c *= q[j]
+                if c == 0.0:
+                    break
+                after += c
+            gain = prefix[i] * (new - q[i]) * (1.0 + after)
+            if gain > best_gain + 1e-15:
+                best, best_gain = i, gain
+        if best < 0:
+            break
+        widths[best] += 1
+        q[best] = q_of(best, widths[best])
+    left = nodes - sum(widths)
+    for i in range(1, depth_max):
+        extra = min(left, topk * min(widths[i - 1], topk) - widths[i])
+        if extra > 0:
+            widths[i] += extra
+            left -= extra
+    used = [i for i in range(depth_max) if widths[i] > 0]
+    return tuple(q[i] for i in used), tuple(widths[i] for i in used)
