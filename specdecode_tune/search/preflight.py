@@ -99,7 +99,6 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     # What the server would refuse at every boot, where its backend can tell without a boot
     # (the simulator: its flags, extra_args and fixed flags included, through its own CLI).
     check_args(exp.backend, resolve(BASELINE, exp.backend.flags))
-    _check_speculative_points(exp)
     if args.address:
         _check_address(args.address)
     else:
@@ -108,6 +107,8 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
         if not exp.backend.binary:
             _check_module(exp)
         _check_resources(exp)
+    # Last, since it runs the server's argument check once per point checked.
+    _check_speculative_points(exp)
     return RunPlan(exp=exp, run_dir=run_dir, local_dir=local_dir, storage=storage, name=name,
                    is_uri=uri)
 

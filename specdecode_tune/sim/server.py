@@ -296,11 +296,11 @@ class Routes:
                                params.ignore_eos)
         except RequestRejected as e:
             if refusal_in_stream and params.stream:
-                resp = web.StreamResponse(headers=SSE_HEADERS)
-                await resp.prepare(request)
+                refused = web.StreamResponse(headers=SSE_HEADERS)
+                await refused.prepare(request)
                 event = json.dumps({"error": {"message": str(e)}}, separators=(",", ":"))
-                await resp.write(b"data: " + event.encode() + b"\n\ndata: [DONE]\n\n")
-                return resp
+                await refused.write(b"data: " + event.encode() + b"\n\ndata: [DONE]\n\n")
+                return refused
             return _error(400, str(e))
         fmt = make_format(req, params)
         resp: web.StreamResponse | None = None

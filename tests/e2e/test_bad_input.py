@@ -103,7 +103,8 @@ def test_bad_experiment_in_process(path: Path, tmp_path: Path, monkeypatch: pyte
 
 
 # Through the real command line: the ones that get furthest before failing.
-CLI_CASES = ["syntax-unclosed-table", "unreachable-cluster", "storage-is-a-file", "sim-bad-fault",
+CLI_CASES = ["sim-hybrid-radix-cache", "syntax-unclosed-table", "unreachable-cluster",
+             "storage-is-a-file", "sim-bad-fault",
              "jsonl-malformed-line", "sim-profile-bad-value", "llamacpp-model-missing"]
 
 

@@ -320,7 +320,8 @@ def test_a_request_beyond_the_context_is_refused_as_sglang_refuses_it() -> None:
         status, err = _post(base + "/v1/completions", {"prompt": "w " * 256, "stream": True,
                                                        "max_tokens": too_long})
         assert status == 400 and err["message"].startswith(phrase) and err["code"] == 400
-        assert _post(base + "/generate", {"text": "ok", "sampling_params": {"max_new_tokens": 3}})[0] == 200
+        ok = {"text": "ok", "sampling_params": {"max_new_tokens": 3}}
+        assert _post(base + "/generate", ok)[0] == 200
         assert proc.poll() is None
 
 

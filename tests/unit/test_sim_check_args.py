@@ -18,8 +18,16 @@ UNSET = "SPECDECODE_TEST_CHECK_ARGS_UNSET"
 
 @pytest.mark.parametrize("argv, problem", [
     ([], None),
+    # (the default profile is the seed's hybrid model: speculation needs radix cache off)
     (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"], None),
+      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+      "--disable-radix-cache"], None),
+    (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
+     "the simulator refuses its arguments: ValueError: Speculative decoding for "
+     "Qwen3_5MoeForConditionalGeneration is not compatible with radix cache when using "
+     "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, "
+     "please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."),
     (["--no-such-flag", "x"], "the simulator does not know the argument(s) --no-such-flag x"),
     (["--cuda-graph-max-bs", "0"],
      "the simulator refuses its arguments: --cuda-graph-max-bs = 0: must be an integer >= 1"),
