@@ -1,6 +1,6 @@
 """SGLang (`python -m sglang.launch_server`) and the simulator, which takes the same flags.
 
-SGLang's rules that shape the argv (../shared/SERVERS.md): the three speculative numbers are
+SGLang's rules that shape the argv (docs/engines-sglang.md): the three speculative numbers are
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
 or fixed setting is passed as `--name-with-dashes value`, a true boolean as a bare flag.
 
