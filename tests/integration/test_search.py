@@ -48,6 +48,12 @@ def test_env():
     assert not sims, f"simulator servers left running: {sims}"
 
 
+def start_search(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
+    """The search driver in the background, its stdout and stderr in `log_path`."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
 def trials_rows(run_dir: Path) -> list[dict]:
     return results.read_tables(str(run_dir)).trials.to_pylist()
 
@@ -103,8 +109,7 @@ def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
     storage = tmp_path / "runs"
     run_dir = storage / "sim-small"
     cmd = search_cmd(exp, storage, "--max-trials", "5")
-    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 (closed in the finally below)
-    driver = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    driver = start_search(cmd, tmp_path / "first.log", test_env)
     try:
         wait_for(lambda: sum(r["trial_id"] != "baseline" for r in trials_rows(run_dir)) >= 2
                  if (run_dir / "tables" / "trials").exists() else False, 300,
@@ -115,7 +120,6 @@ def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
     finally:
         if driver.poll() is None:
             driver.kill()
-        log.close()
     before = trials_rows(run_dir)
     # The servers of the killed run follow their trials: none survives for long.
     pidfiles = list((run_dir / "logs" / "pids").glob("*.json"))
@@ -146,9 +150,8 @@ def test_dashboard_lists_the_trials_while_they_run(tmp_path: Path,
                                                    test_env: dict) -> None:
     exp = small_experiment(tmp_path)
     log_path = tmp_path / "out.log"
-    with open(log_path, "w") as log:
-        driver = subprocess.Popen(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"),
-                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    driver = start_search(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"), log_path,
+                          test_env)
     try:
         url = ""
 
@@ -210,9 +213,8 @@ def test_ctrl_c_during_the_baseline_leaves_nothing_running(tmp_path: Path,
     (Ray's agents and workers, the server) alive a few seconds later."""
     exp = small_experiment(tmp_path)
     log_path = tmp_path / "out.log"
-    with open(log_path, "w") as log:
-        driver = subprocess.Popen(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"),
-                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    driver = start_search(search_cmd(exp, tmp_path / "runs", "--max-trials", "2"), log_path,
+                          test_env)
     try:
         _wait_line(log_path, "baseline: measuring", 120)
         time.sleep(1.0)
@@ -235,9 +237,7 @@ def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
     exp = small_experiment(tmp_path)
     storage = tmp_path / "runs"
     log_path = tmp_path / "first.log"
-    with open(log_path, "w") as log:
-        driver = subprocess.Popen(search_cmd(exp, storage, "--max-trials", "2"), cwd=REPO,
-                                  stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    driver = start_search(search_cmd(exp, storage, "--max-trials", "2"), log_path, test_env)
     try:
         _wait_line(log_path, "baseline: measuring", 120)
         time.sleep(2.0)
@@ -253,9 +253,7 @@ def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
     # minutes, not always); tests/unit/test_leftovers.py holds the mechanism deterministically.
     left = tagged_processes(test_env["SPECDECODE_TEST_TAG"])
     log2 = tmp_path / "second.log"
-    with open(log2, "w") as log:
-        second = subprocess.Popen(search_cmd(exp, storage, "--max-trials", "2"), cwd=REPO,
-                                  stdout=log, stderr=subprocess.STDOUT, env=test_env)
+    second = start_search(search_cmd(exp, storage, "--max-trials", "2"), log2, test_env)
     try:
         _wait_line(log2, "experiment:", 60)
         text = log2.read_text()
