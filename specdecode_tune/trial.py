@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import results, telemetry
-from .backends import get_backend, preflight
+from .backends import get_backend, preflight, refusals
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
@@ -168,6 +168,12 @@ def run_trial(
         return finish("ok", "", done_facts)
 
     backend = get_backend(exp.backend.kind)
+    # The server's own argument check where the backend has one (SGLang's parser, the
+    # simulator's CLI): a command line every boot would refuse costs no boot. Its reason reads
+    # as a refusal at start-up does, so the search learns it the same way.
+    refused = refusals(exp.backend, [params])[0]
+    if refused is not None:
+        return finish("infeasible", f"invalid_args: {refused} (checked before a boot)")
     argv = backend.argv(exp.backend, params, "{port}")
     env = {**os.environ, **backend.env(exp.backend, run_dir=str(ctx.local_dir))}
     ctx.local_dir.mkdir(parents=True, exist_ok=True)

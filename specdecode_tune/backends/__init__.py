@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..config import BackendConfig
+from ..errors import ConfigError
 from ..records import ServerFacts
 from . import files
 from .failurepatterns import FailurePatterns, union
@@ -127,6 +128,26 @@ def check_args(cfg: BackendConfig, params: Mapping[str, Any]) -> None:
     backend = get_backend(cfg.kind)
     if isinstance(backend, ChecksArgs):
         backend.check_args(cfg, backend.argv(cfg, params, 0))
+
+
+def refusals(cfg: BackendConfig, points: Sequence[Mapping[str, Any]]) -> list[str | None]:
+    """`check_args` for several resolved points at once (SGLang: one run of its parser): per
+    point, the one-line refusal or None."""
+    backend = get_backend(cfg.kind)
+    if not isinstance(backend, ChecksArgs):
+        return [None] * len(points)
+    argvs = [backend.argv(cfg, p, 0) for p in points]
+    many = getattr(backend, "refusals", None)
+    if many is not None:
+        return list(many(cfg, argvs))
+    out: list[str | None] = []
+    for argv in argvs:
+        try:
+            backend.check_args(cfg, argv)
+            out.append(None)
+        except ConfigError as e:
+            out.append(str(e))
+    return out
 
 
 def get_backend(kind: str) -> Backend:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -100,6 +101,19 @@ RADIX_SPEC_REFUSED = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneratio
                       "JetVLMForConditionalGeneration", "Lfm2ForCausalLM")
 RADIX_SPEC_ALLOWED_SINCE = "0.5.14"
 
+# Flags SGLang renamed (docs/engines-sglang.md section 1): from 0.5.14 `--cuda-graph-max-bs` is
+# `--cuda-graph-max-bs-decode` (the old name a deprecated alias through 0.5.18; from 0.5.20
+# argparse's prefix matching refuses it as ambiguous with `--cuda-graph-max-bs-prefill`) and
+# `--mamba-scheduler-strategy` is `--mamba-radix-cache-strategy` (same values plus `auto`;
+# the old name gone from 0.5.20). The experiment keeps one name, the one 0.5.10 has; the
+# backend writes the one the servers' release takes.
+RENAMED_FLAGS = {"cuda_graph_max_bs": ("0.5.14", "cuda_graph_max_bs_decode"),
+                 "mamba_scheduler_strategy": ("0.5.14", "mamba_radix_cache_strategy")}
+
+# SGLang's own argument check (backends/sglang_argcheck.py), run by the servers' Python.
+ARGCHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_argcheck.py")
+ARGCHECK_TIMEOUT_S = 300.0
+
 
 def radix_spec_refusal(arch: str) -> str:
     """SGLang's words for that refusal (sic: no space after the first period)."""
@@ -162,6 +176,49 @@ def flag_args(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> list[str
     return out
 
 
+def renamed(params: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """`params` with the flags `version` renamed under their new names (RENAMED_FLAGS)."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        since, new = RENAMED_FLAGS.get(name, ("", ""))
+        out[new if since and at_least(version, since) else name] = value
+    return out
+
+
+@functools.cache
+def python_sglang_version(python: str) -> str | None:
+    """The sglang release installed for another Python, or None (read once per Python)."""
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; "
+                              "print(m.version('sglang'))"], capture_output=True, text=True,
+                             timeout=60, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    return lines[-1] if out.returncode == 0 and lines else None
+
+
+@functools.cache
+def _argcheck(python: str, job: str) -> dict[str, Any]:
+    """SGLang's answers for a job (JSON) run by `python`; cached: a search asks about the
+    same command line again (re-measurements, resumed trials)."""
+    try:
+        out = subprocess.run([python, ARGCHECK], input=job, capture_output=True, text=True,
+                             timeout=ARGCHECK_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"sglang": None, "error": f"the argument check did not run: {e}"}
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        err = [ln for ln in out.stderr.splitlines() if ln.strip()]
+        return {"sglang": None, "error": f"the argument check failed (exit status "
+                                         f"{out.returncode}): {err[-1] if err else 'no output'}"}
+    return answer
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return repr(round(value, 6))
@@ -170,6 +227,19 @@ def _fmt(value: Any) -> str:
 
 # Servers are on loopback: never send their requests through an HTTP(S)_PROXY from the env.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _without_endpoint(args: list[str]) -> list[str]:
+    """Server arguments without `--host`/`--port` (the trial's port is a placeholder here)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--host", "--port"):
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
@@ -187,14 +257,17 @@ class SGLangBackend:
     module = "sglang.launch_server"
 
     def program(self, cfg: BackendConfig) -> str:
-        return cfg.binary or sys.executable
+        return cfg.binary or cfg.python or sys.executable
 
     def _head(self, cfg: BackendConfig) -> list[str]:
         if cfg.binary:
             return [cfg.binary]
-        return [sys.executable, "-m", self.module]
+        return [cfg.python or sys.executable, "-m", self.module]
 
-    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
+    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any],
+                    version: str | None = None) -> list[str]:
+        """The server's arguments, with the flag names of `version` (default: the release
+        the servers run, `engine_version`)."""
         args = ["--model-path", cfg.model_path, "--tp-size", str(cfg.tp_size)]
         if not is_baseline(params) and cfg.speculative_algorithm:
             args += ["--speculative-algorithm", cfg.speculative_algorithm]
@@ -202,7 +275,8 @@ class SGLangBackend:
                 args += ["--speculative-draft-model-path", cfg.draft_model_path]
             for name, flag in _SPEC_FLAGS:
                 args += [flag, str(int(params[name]))]
-        args += flag_args(params, skip=(STEPS, TOPK, DRAFT))
+        version = version or self.engine_version(cfg)[0]
+        args += flag_args(renamed(params, version), skip=(STEPS, TOPK, DRAFT))
         if "enable_metrics" not in params:
             args.append("--enable-metrics")
         return args + list(cfg.extra_args)
@@ -262,10 +336,53 @@ class SGLangBackend:
         """(the SGLang release the servers run, where that comes from)."""
         if cfg.engine_version:
             return cfg.engine_version, "backend.engine_version"
-        installed = installed_version()
-        if installed is not None:
-            return installed, "the sglang installed here"
+        if cfg.python:
+            theirs = python_sglang_version(cfg.python)
+            if theirs is not None:
+                return theirs, "the sglang of backend.python"
+        else:
+            installed = installed_version()
+            if installed is not None:
+                return installed, "the sglang installed here"
         return DEFAULT_VERSION, "the default; set backend.engine_version to yours"
+
+    def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
+        """SGLang's own argument check on `argv` (`sglang_argcheck.py`, run by the Python that
+        launches the servers: `backend.python` or this one), where that Python has sglang: a
+        command line every boot would refuse raises ConfigError (one line, SGLang's words).
+        Nothing is said where it cannot tell (no sglang there, a `backend.binary`, a model
+        config it cannot read here): the boot decides."""
+        problem = self.refusals(cfg, [argv])[0]
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
+                 ) -> list[str | None]:
+        """`check_args` for several command lines in one run of SGLang's parser: per argv, the
+        one-line refusal or None."""
+        python = self.argcheck_python(cfg)
+        if python is None or not argvs:
+            return [None] * len(argvs)
+        head = len(self._head(cfg))
+        cases = [{"argv": _without_endpoint(list(a[head:])), "env": self.env(cfg)}
+                 for a in argvs]
+        answer = _argcheck(python, json.dumps({"cases": cases, "cpu_if_no_gpu": True},
+                                              sort_keys=True))
+        found = answer.get("cases")
+        if not isinstance(found, list) or len(found) != len(argvs):
+            return [None] * len(argvs)
+        return [None if a.get("ok") or not a.get("refused") else
+                f"backend: SGLang {answer.get('sglang')}'s own argument check refuses the "
+                f"command line: {a.get('error')}" for a in found]
+
+    def argcheck_python(self, cfg: BackendConfig) -> str | None:
+        """The Python whose sglang checks command lines, or None where there is none: a
+        `backend.binary` (the Python behind it is unknown), or no sglang in this Python."""
+        if cfg.binary:
+            return None
+        if cfg.python:
+            return cfg.python
+        return sys.executable if installed_version() is not None else None
 
     def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
                          config_path: str) -> tuple[str | None, str]:
@@ -365,8 +482,11 @@ class SimBackend(SGLangBackend):
     name = "sim"
     module = "specdecode_tune.sim"
 
-    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
-        args = super().server_args(cfg, params)
+    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any],
+                    version: str | None = None) -> list[str]:
+        # The simulator's own command line has the flag names of the release it imitates; its
+        # launch command (for the real SGLang) has those of backend.engine_version.
+        args = super().server_args(cfg, params, version or DEFAULT_VERSION)
         if cfg.profile:
             args += ["--profile", cfg.profile]
         if cfg.boot_time_s is not None:
@@ -381,6 +501,17 @@ class SimBackend(SGLangBackend):
     def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
         """What every boot would refuse: the simulator's CLI says (`simargs`)."""
         simargs.check(self.module, argv[len(self._head(cfg)):])
+
+    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
+                 ) -> list[str | None]:
+        out: list[str | None] = []
+        for argv in argvs:
+            try:
+                self.check_args(cfg, argv)
+                out.append(None)
+            except ConfigError as e:
+                out.append(str(e))
+        return out
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only

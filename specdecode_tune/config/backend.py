@@ -44,6 +44,9 @@ class BackendConfig:
     # sglang / sim: the SGLang release the servers run (which flags exist; see
     # backends/sglang.py); None = the installed sglang's, else the one the project checked.
     engine_version: str | None = None
+    # sglang: the Python that runs `-m sglang.launch_server` (SGLang in its own virtual
+    # environment); None = the search's own. Its sglang checks each command line before a boot.
+    python: str | None = None
 
     @classmethod
     def from_table(cls, t: Table, base_dir: Path | None = None) -> BackendConfig:
@@ -69,12 +72,18 @@ class BackendConfig:
             profile=_profile(t, kind, base_dir),
             boot_time_s=t.positive("boot_time_s", (int, float), None, zero_ok=True),
             engine_version=t.get("engine_version", str, None),
+            python=_optional_path(t, "python", base_dir, bare=False),
         )
         if kind != "sim":
             for key in ("profile", "boot_time_s"):
                 if getattr(cfg, key) is not None:
                     raise t.fail(key, getattr(cfg, key),
                                  "is only allowed with backend.kind = 'sim'")
+        if cfg.python is not None and kind != "sglang":
+            raise t.fail("python", cfg.python, "is only allowed with backend.kind = 'sglang'")
+        if cfg.python is not None and cfg.binary is not None:
+            raise t.fail("python", cfg.python, "and backend.binary exclude each other (binary "
+                         "is the whole server program; python runs -m sglang.launch_server)")
         if cfg.engine_version is not None:
             if kind not in ("sglang", "sim"):
                 raise t.fail("engine_version", cfg.engine_version,

@@ -17,11 +17,12 @@ import importlib.util
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends import check_args, get_backend, preflight
+from ..backends import check_args, get_backend, preflight, refusals
 from ..config import Experiment
 from ..errors import ConfigError
 from ..space import BASELINE, first_valid_point, is_baseline, resolve
@@ -48,17 +49,13 @@ def _check_speculative_points(exp: Experiment) -> None:
     first = first_valid_point(exp.space, exp.backend.flags)
     if first is not None and first not in points:
         points.append(first)
+    resolved = [params for params in (resolve(p, exp.backend.flags) for p in points[:3])
+                if not is_baseline(params)]
     messages = []
-    for point in points[:3]:
-        params = resolve(point, exp.backend.flags)
-        if is_baseline(params):
-            continue
-        try:
-            check_args(exp.backend, params)
-        except ConfigError as e:
-            messages.append(str(e))
-        else:
+    for problem in refusals(exp.backend, resolved):
+        if problem is None:
             return                          # one speculative point passes: nothing to say
+        messages.append(problem)
     if messages and len(set(messages)) == 1:
         advice = get_backend(exp.backend.kind).refusal_advice(messages[0])
         raise ConfigError(f"every speculative point checked ({len(messages)}) is refused the "
@@ -154,12 +151,23 @@ def _check_module(exp: Experiment) -> None:
     one the trials use on a local cluster)."""
     argv = get_backend(exp.backend.kind).argv(exp.backend, resolve(BASELINE, exp.backend.flags),
                                               0)
-    if len(argv) > 2 and argv[0] == sys.executable and argv[1] == "-m":
+    if len(argv) > 2 and argv[1] == "-m":
         package = argv[2].split(".")[0]
-        if importlib.util.find_spec(package) is None:
+        if argv[0] == sys.executable:
+            found = importlib.util.find_spec(package) is not None
+        else:   # backend.python: another interpreter (SGLang in its own venv)
+            try:
+                found = subprocess.run(
+                    [argv[0], "-c", f"import importlib.util, sys; "
+                                    f"sys.exit(importlib.util.find_spec({package!r}) is None)"],
+                    capture_output=True, timeout=60, check=False,
+                    stdin=subprocess.DEVNULL).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                found = False
+        if not found:
             raise ConfigError(f"backend.kind = {exp.backend.kind!r} runs python -m {argv[2]}, "
-                              f"but {package!r} is not installed for {sys.executable}: install "
-                              f"it or set backend.binary")
+                              f"but {package!r} is not installed for {argv[0]}: install "
+                              f"it, or set backend.python or backend.binary")
 
 
 def _check_resources(exp: Experiment) -> None:

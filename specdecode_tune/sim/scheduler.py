@@ -66,6 +66,9 @@ class SimRequest:
     last_token_at: float | None = None   # when its last chunk of tokens was handed out
     finished: bool = False
     aborted: bool = False
+    # /health's 1-token generation: in no counter, and no draw from the acceptance stream
+    # (SGLang's health-check requests are kept out of the request metrics).
+    health: bool = False
 
     @property
     def kv_reserved(self) -> int:
@@ -131,6 +134,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handler side
 
+    def submit_health_check(self) -> SimRequest:
+        """A 1-token generation for /health, outside the counters."""
+        req = SimRequest(rid=f"HEALTH_CHECK_{next(self._ids):x}", input_len=1, max_new_tokens=1,
+                         temperature=0.0, stop_at=1, probs=(), created=time.perf_counter(),
+                         histogram=[0], health=True)
+        self.waiting.append(req)
+        self._wake.set()
+        return req
+
     def submit(self, input_len: int, max_new_tokens: int, temperature: float,
                ignore_eos: bool) -> SimRequest:
         f = self.facts
@@ -178,7 +190,8 @@ class Scheduler:
         if req.finished or req.aborted:
             return
         req.aborted = True
-        self.counters.requests_aborted += 1
+        if not req.health:
+            self.counters.requests_aborted += 1
         if req in self.waiting:
             self.waiting.remove(req)
         elif req in self.running:
@@ -298,9 +311,10 @@ class Scheduler:
             if req.aborted:
                 self.kv_reserved -= req.kv_reserved
                 continue
-            self.counters.prompt_tokens += req.input_len
             req.first_token_at = now
-            self.counters.ttft.observe(now - req.created)   # at the first chunk, as SGLang
+            if not req.health:
+                self.counters.prompt_tokens += req.input_len
+                self.counters.ttft.observe(now - req.created)   # at the first chunk, as SGLang
             self.running.append(req)
             self._emit(req, 1, now)
 
@@ -329,13 +343,14 @@ class Scheduler:
 
     def _emit(self, req: SimRequest, n: int, now: float) -> None:
         randrange = self._rng.randrange
-        if req.last_token_at is not None:
+        if req.last_token_at is not None and not req.health:
             self.counters.itl.observe_chunk(now - req.last_token_at, n)
         req.last_token_at = now
         req.generated += n
-        self.counters.generation_tokens += n
+        if not req.health:
+            self.counters.generation_tokens += n
         done = req.generated >= req.stop_at
-        ids = [randrange(VOCAB_SIZE) for _ in range(n)]
+        ids = [0] * n if req.health else [randrange(VOCAB_SIZE) for _ in range(n)]
         if done:
             if req.generated < req.max_new_tokens:
                 ids[-1] = EOS_TOKEN_ID
@@ -346,6 +361,8 @@ class Scheduler:
         req.finished = True
         self.running.remove(req)
         self.kv_reserved -= req.kv_reserved
+        if req.health:
+            return
         c = self.counters
         c.requests_finished += 1
         c.e2e.observe(now - req.created)

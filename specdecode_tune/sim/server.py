@@ -19,7 +19,9 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -205,9 +207,34 @@ class Routes:
         return self.sim.scheduler
 
     async def health(self, request: web.Request) -> web.Response:
-        if not self.sim.ready:
+        """SGLang 0.5.10's `/health` = `/health_generate` (`http_server.py` `health_generate`):
+        503 while starting; unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false (a plain
+        200), a 1-token generation is submitted and polled every second, the first poll after
+        one second, for up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before a 503. So a probe of
+        a live server takes >= 1 s, as there (docs/engines-sglang.md section 8)."""
+        if not self.sim.ready or self.sim.scheduler is None:
             return _error(503, "The server is starting up")
-        return web.Response(text="")
+        if os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in (
+                "0", "false", "no", "off"):
+            return web.Response(text="")
+        timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        sched = self.sim.scheduler
+        # A busy scheduler skips the health request (0.5.10 scheduler.py
+        # `process_input_requests`): any output since the probe began answers it.
+        busy = bool(sched.running or sched.waiting)
+        req = None if busy else sched.submit_health_check()
+        seen = sched.counters.generation_tokens
+        tic = time.monotonic()
+        try:
+            while time.monotonic() - tic < timeout_s:
+                await asyncio.sleep(1)
+                if (req.finished if req is not None
+                        else sched.counters.generation_tokens != seen or not sched.running):
+                    return web.Response(text="")
+            return _error(503, "health check timed out")
+        finally:
+            if req is not None:
+                sched.abort(req)
 
     async def server_info(self, request: web.Request) -> web.Response:
         return web.json_response(self.sim.server_info())

@@ -5,12 +5,9 @@
 IN.json: {"cases": [{"argv": [...], "env": {...}}, ...], "trees": [[steps, topk, draft], ...]}
 OUT.json: {"sglang": version, "cases": [...], "trees": [...]}, in the same order.
 
-A case is one server command line (without `python -m sglang.launch_server`): it goes through
-`sglang.srt.server_args.prepare_server_args(argv)` and then `ServerArgs.check_server_args()`,
-the two checks `sglang.launch_server` runs before it loads anything (the second one from
-`Engine._launch_subprocesses`). `env` is set for that case only (SGLang reads its `envs` at
-call time). The answer: {"ok": true, "triple": [steps, topk, draft], ...normalized fields} or
-{"ok": false, "error": "ValueError: ...", "exit": argparse's exit code or null}.
+A case is one server command line (without `python -m sglang.launch_server`), answered by the
+backend's own checker, `specdecode_tune/backends/sglang_argcheck.py` (`run_case`: SGLang's
+`prepare_server_args(argv)` then `check_server_args()`; its docstring gives the answer's form).
 
 A tree is one (steps, topk, draft tokens) run through SGLang's own EAGLE draft-tree code on the
 CPU with random draft probabilities, exactly as `EAGLEWorker.draft_forward` calls it
@@ -22,9 +19,7 @@ first decode on a real server; argument checking does not look at it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import logging
 import os
@@ -35,36 +30,25 @@ from importlib import metadata
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
-FIELDS = ("speculative_algorithm", "disable_radix_cache", "max_running_requests",
-          "mamba_scheduler_strategy", "attention_backend", "page_size",
-          "disable_overlap_schedule", "mem_fraction_static")
+
+@functools.cache
+def _argcheck():
+    """The backend's own checker (specdecode_tune/backends/sglang_argcheck.py), loaded by its
+    path: this venv has sglang, not the project, and the file imports nothing of the project.
+    The cases go through exactly the code a search's trial runs before a boot."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
+                        "specdecode_tune", "backends", "sglang_argcheck.py")
+    spec = importlib.util.spec_from_file_location("sglang_argcheck", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_case(case: dict) -> dict:
-    from sglang.srt.server_args import prepare_server_args
-
-    saved = {k: os.environ.get(k) for k in case.get("env", {})}
-    os.environ.update(case.get("env", {}))
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            args = prepare_server_args(list(case["argv"]))
-            args.check_server_args()
-    except SystemExit as e:   # argparse: unknown flag or bad value
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        return {"ok": False, "exit": e.code, "error": lines[-1] if lines else f"exit {e.code}"}
-    except Exception as e:  # noqa: BLE001 - SGLang's checks raise ValueError/AssertionError/...
-        return {"ok": False, "exit": None, "error": f"{type(e).__name__}: {e}"}
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    out = {"ok": True, "triple": [args.speculative_num_steps, args.speculative_eagle_topk,
-                                  args.speculative_num_draft_tokens]}
-    out.update({k: getattr(args, k, None) for k in FIELDS})
-    return out
+    return _argcheck().run_case(case)
 
 
 @functools.cache

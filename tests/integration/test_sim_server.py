@@ -78,6 +78,20 @@ def test_health_is_503_while_booting_then_200() -> None:
         assert health_status(base, "/health_generate") == 200
 
 
+def test_health_runs_a_one_token_generation_as_sglang_does() -> None:
+    # SGLang 0.5.10 `health_generate`: a 1-token generation, first polled after 1 s; a plain
+    # 200 with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false (docs/engines-sglang.md s. 8).
+    with run_sim(*SPEC4, *FAST) as (base, _):
+        t0 = time.monotonic()
+        assert health_status(base) == 200
+        assert 1.0 <= time.monotonic() - t0 < 1.9
+    plain = {**os.environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+    with run_sim(*SPEC4, *FAST, env=plain) as (base, _):
+        t0 = time.monotonic()
+        assert health_status(base) == 200
+        assert time.monotonic() - t0 < 0.5
+
+
 def test_server_info_fields_as_sglang_0_5_10() -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5")
     with run_sim(*SPEC4, *FAST, "--random-seed", "7", env=env) as (base, _):

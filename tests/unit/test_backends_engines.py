@@ -317,3 +317,73 @@ def test_sglang_facts_read_the_effective_running_limit(monkeypatch: pytest.Monke
     monkeypatch.setattr(sglang, "get_json", lambda url, timeout_s: info)
     facts = get_backend("sglang").read_facts("http://127.0.0.1:1")
     assert facts.max_running_requests == running and facts.gpu_ids == ()
+
+
+def flagged_cfg(**kw: object) -> BackendConfig:
+    base: dict[str, object] = {
+        "kind": "sglang", "model_path": "/models/hf", "draft_model_path": "/models/draft",
+        "flags": {"cuda_graph_max_bs": 64, "mamba_scheduler_strategy": "no_buffer",
+                  "disable_radix_cache": True}}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("version", "graph", "mamba"), [
+    ("0.5.10.post1", "--cuda-graph-max-bs", "--mamba-scheduler-strategy"),
+    ("0.5.13", "--cuda-graph-max-bs", "--mamba-scheduler-strategy"),
+    ("0.5.14", "--cuda-graph-max-bs-decode", "--mamba-radix-cache-strategy"),
+    ("0.5.23", "--cuda-graph-max-bs-decode", "--mamba-radix-cache-strategy")])
+def test_sglang_writes_the_flag_names_of_the_servers_release(
+        version: str, graph: str, mamba: str) -> None:
+    # From 0.5.20 the old --cuda-graph-max-bs is refused as ambiguous (docs/engines-sglang.md).
+    cfg = flagged_cfg(engine_version=version)
+    point = {"speculative_num_steps": 4, "speculative_eagle_topk": 1}
+    for args in (argv("sglang", cfg, point),
+                 get_backend("sglang").launch_command(cfg, resolve(point, cfg.flags)).split()):
+        assert args[args.index(graph) + 1] == "64" and args[args.index(mamba) + 1] == "no_buffer"
+        assert not {"--cuda-graph-max-bs", "--cuda-graph-max-bs-decode",
+                    "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"} - {graph, mamba} \
+            & set(args)
+
+
+def test_the_simulator_takes_its_own_release_names_and_prints_the_servers() -> None:
+    cfg = flagged_cfg(kind="sim", engine_version="0.5.14", flags={"cuda_graph_max_bs": 64})
+    point = resolve({"speculative_num_steps": 4, "speculative_eagle_topk": 1}, cfg.flags)
+    assert "--cuda-graph-max-bs" in get_backend("sim").argv(cfg, point, 0)
+    assert "--cuda-graph-max-bs-decode" in get_backend("sim").launch_command(cfg, point).split()
+
+
+def test_sglang_launches_with_backend_python() -> None:
+    cfg = flagged_cfg(python="/opt/sglang/bin/python")
+    assert argv("sglang", cfg, {})[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+    assert get_backend("sglang").program(cfg) == "/opt/sglang/bin/python"
+
+
+def test_sglang_check_cannot_tell_without_sglang_and_boots() -> None:
+    # This Python has no sglang (the project does not depend on it): the check says nothing,
+    # so the boot decides; a backend.binary hides the Python behind it.
+    backend = get_backend("sglang")
+    assert sglang.installed_version() is None
+    cfg = flagged_cfg()
+    assert backend.argcheck_python(cfg) is None
+    assert backend.argcheck_python(flagged_cfg(binary="/opt/sglang-server")) is None
+    assert backend.refusals(cfg, [backend.argv(cfg, {}, 0)]) == [None]
+
+
+def test_the_argcheck_answers_without_sglang(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, sglang.ARGCHECK], input='{"cases": [{"argv": []}]}',
+                         capture_output=True, text=True, timeout=60, check=True)
+    answer = json.loads(out.stdout.splitlines()[-1])
+    assert answer["sglang"] is None and "sglang" in answer["error"] and "cases" not in answer
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('python = "/x/python"\nkind = "vllm"', "only allowed with backend.kind = 'sglang'"),
+    ('python = "/x/python"\nbinary = "/x/server"', "exclude each other")])
+def test_backend_python_is_checked(text: str, words: str) -> None:
+    import tomllib
+    data = {"kind": "sglang", "model_path": "m", **tomllib.loads(text)}
+    with pytest.raises(ConfigError, match=words):
+        BackendConfig.from_table(Table(data, "backend", "x"))

@@ -4,8 +4,9 @@ It speaks just enough of three APIs to exercise the client's one streaming loop:
 
 - SGLang ``POST /generate``: cumulative ``text`` and ``meta_info.completion_tokens`` per chunk,
   speculative fields (``spec_verify_ct``, ``spec_accept_length``, ``spec_num_correct_drafts``,
-  ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) as if each chunk were one
-  verify step that accepted ``tokens_per_chunk`` tokens;
+  ``spec_num_proposed_drafts``, ``spec_correct_drafts_histogram``) on the final chunk only, as
+  SGLang sends them, as if each chunk were one verify step that accepted ``tokens_per_chunk``
+  tokens;
 - OpenAI ``POST /v1/completions`` and ``POST /v1/chat/completions``: per-chunk ``usage`` only
   when the request asks for ``continuous_usage_stats`` and the server is configured to honour
   it, a final usage chunk when ``include_usage`` is set, then ``data: [DONE]``.
@@ -35,7 +36,6 @@ import asyncio
 import bisect
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -165,13 +165,12 @@ def _chunk_bytes(
     json.dumps, keep the server cheap so that the client is what a benchmark measures."""
     words = " tok" * n
     if kind == "generate":
-        spec = b""
-        if cfg.spec:
-            spec = b',"spec_verify_ct":%d' % math.ceil(cum / cfg.tokens_per_chunk)
+        # SGLang adds the speculative fields only once the request has finished (0.5.10.post1
+        # tokenizer_manager.py `_calculate_spec_decoding_metrics`): none on these chunks.
         return (
             b'data: {"text":"%s","meta_info":{"id":"r","prompt_tokens":%d,"completion_tokens":%d'
-            b'%s,"finish_reason":null}}\n\n'
-            % ((" tok" * cum).encode(), prompt_tokens, cum, spec)
+            b',"finish_reason":null}}\n\n'
+            % ((" tok" * cum).encode(), prompt_tokens, cum)
         )
     usage = b"null"
     if continuous:
