@@ -105,6 +105,10 @@ def answer(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    # Run by its path, this file's folder comes first on sys.path, and it holds the backend's
+    # own sglang.py: without it `import sglang` finds SGLang.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     out = answer(json.load(sys.stdin))
     sys.stdout.write("\n" + json.dumps(out) + "\n")   # the last line is the answer
 
