@@ -55,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 PAYLOAD_DIRS = ("build/gpu-payload",)
 CALL_AGAIN = 75
 MAX_OUT_FILE = 16 << 20
+LANDSCAPE = "landscape.parquet"   # --record: the recorded table, brought back
 # The test models specdecode_tune.testing.models makes, named by their shape.
 TEST_MODEL = re.compile(r"cycle-llama-d(?P<dim>\d+)-l(?P<layers>\d+)(?:-h(?P<heads>\d+))?"
                         r"(?:-kv(?P<kv_heads>\d+))?-c(?P<cycle>\d+)-n(?P<noise>[0-9.]+)"
@@ -272,10 +273,17 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
                       "--noise", g["noise"], "--dtype", g["dtype"] or "f16"]
         make_model += ["--heads", g["heads"]] if g["heads"] else []
         make_model += ["--kv-heads", g["kv_heads"]] if g["kv_heads"] else []
-    argv = [sys.executable, "-m", "specdecode_tune.search", "--experiment", str(run_exp),
-            "--storage", str(work.runs)]
-    argv += ["--max-trials", str(args.max_trials)] if args.max_trials else []
-    argv += args.search_args
+    if args.record:
+        # Not a search: every point of a grid booted with repeats (benchmarks/
+        # record_landscape.py; the arguments after `--` are its --axis, --repeats, ...).
+        argv = [sys.executable, "benchmarks/record_landscape.py", "--experiment", str(run_exp),
+                "--out", str(work.results / LANDSCAPE), "--run-dir",
+                str(work.runs / "landscape"), *args.search_args]
+    else:
+        argv = [sys.executable, "-m", "specdecode_tune.search", "--experiment", str(run_exp),
+                "--storage", str(work.runs)]
+        argv += ["--max-trials", str(args.max_trials)] if args.max_trials else []
+        argv += args.search_args
     return {"experiment": str(rel), "name": raw.get("name"), "run_experiment": str(run_exp),
             "run_experiment_text": derived, "gpus_per_trial": gpt, "max_concurrent": mc,
             "gpus_on_machine": n_gpus, "backend": kind, "binary": binary, "model": model,
@@ -636,7 +644,7 @@ def deliver(work: Work, plan: dict) -> None:
     (work.results / "status.txt").write_text(status_text(work, plan))
     sent = []
     for name in ("report.md", "report.html", "search.log", "gpu_check.txt", "run.json",
-                 "results.tar.gz", "status.txt"):
+                 LANDSCAPE, "results.tar.gz", "status.txt"):
         src = work.results / name
         if not src.is_file():
             continue
@@ -694,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run a failed pipeline again from its failed step (a search resumes)")
     ap.add_argument("--payload", action="append", default=[],
                     help="another folder holding part*/manifest.json (besides build/gpu-payload)")
+    ap.add_argument("--record", action="store_true",
+                    help="record the experiment's landscape (benchmarks/record_landscape.py, "
+                         "its arguments after --) instead of searching; the table comes back "
+                         f"as {LANDSCAPE}")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdecode-gpu"))
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
