@@ -479,7 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     t0 = time.monotonic()
     rows = run_benchmark(args.profiles, args.samplers, args.seeds, args.budget, args.jobs)
-    report(rows, args.seeds)
+    if rows:
+        report(rows, args.seeds)
     if recorded:
         landscapes.report(landscapes.run_benchmark(recorded, args.samplers, args.seeds,
                                                    args.budget, Row, args.jobs))
