@@ -205,6 +205,13 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
                          f"landscape needs it to score the other points")
     if not points:
         raise ValueError(f"{path}: no point with {STEPS} >= 1 recorded")
+    grid = list(product(*(tuple(v for v in vals if not (n == STEPS and v == 0))
+                          for n, vals in axes)))
+    missing = [k for k in grid if k not in points]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} of the {len(grid)} grid points have no "
+                         f"recorded boot (e.g. {dict(zip(names, missing[0], strict=True))}): "
+                         f"finish the recording (record_landscape.py resumes where it stopped)")
     base_mean = _mean_tok_s(baseline)
     weights = exp.level_weights()
     scores: dict[Key, float] = {}

@@ -32,6 +32,7 @@ import os
 import platform
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -368,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         print("error: --repeats must be >= 1", file=sys.stderr)
         return 2
+    # A recording runs for long in the background (where SIGINT is ignored): SIGTERM and SIGINT
+    # leave through the trial's teardown (the server is stopped), keeping every boot written.
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
     try:
         return record(args)
     except ConfigError as e:

@@ -259,3 +259,12 @@ def test_a_table_without_the_landscape_metadata_is_refused(land_mod: ModuleType,
     pq.write_table(pa.table({"x": [1]}), path)
     with pytest.raises(ValueError, match="not a recorded landscape"):
         land_mod.load_landscape(path)
+
+
+def test_an_unfinished_recording_is_refused_with_what_is_missing(
+        rec: ModuleType, land_mod: ModuleType, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "part.parquet"
+    write_recording(rec, path, monkeypatch, stop_after=5)   # 5 of the 7 points once
+    with pytest.raises(ValueError, match="2 of the 6 grid points have no recorded boot"):
+        land_mod.load_landscape(path)
