@@ -30,6 +30,11 @@ search writes (`baseline`, `measured`, `noise_band`), so each sampler runs its r
 
     python benchmarks/search_efficiency.py                 # about a minute on 2 cores
     python benchmarks/search_efficiency.py --smoke-test    # seconds
+
+Recorded real landscapes (`benchmarks/landscapes.py`: tables `benchmarks/record_landscape.py`
+wrote, each boot replaying one recorded repeat) run after the profiles, every sampler on each:
+by default every `benchmarks/data/*.parquet`; `--recorded FILE...` picks, `--recorded` alone
+runs none. The smoke test runs none unless given.
 """
 
 from __future__ import annotations
@@ -440,10 +445,19 @@ def report(rows: Sequence[Row], seeds: int, say: Callable[[str], None] = print) 
             f"{need}/{seeds}): {'MET' if met else 'NOT MET'}")
 
 
+def _landscapes() -> Any:
+    """benchmarks/landscapes.py, beside this script (the benchmarks are scripts, no package)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import landscapes
+    return landscapes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/search_efficiency.py",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profiles", nargs="+", default=list(PROFILES))
+    ap.add_argument("--profiles", nargs="*", default=list(PROFILES))
     ap.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budget", type=int, default=40, help="boots per search (not the grid)")
@@ -451,15 +465,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="worker processes (default: up to 2)")
     ap.add_argument("--smoke-test", action="store_true",
                     help="one seed, 6 boots, the seed profile: checks that it runs")
+    ap.add_argument("--recorded", nargs="*", default=None, metavar="PARQUET",
+                    help="recorded landscapes to replay too (default: benchmarks/data/*.parquet;"
+                         " the option alone: none)")
     args = ap.parse_args(argv)
     if args.smoke_test:
         args.profiles, args.seeds, args.budget, args.jobs = ["seed-qwen35-122b"], 1, 6, 1
+        args.recorded = args.recorded or []
+    landscapes = _landscapes()
+    recorded = landscapes.recorded_paths(args.recorded) if args.recorded != [] else []
     if args.seeds < 1 or args.budget < 1:
         print("error: --seeds and --budget must be >= 1", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     rows = run_benchmark(args.profiles, args.samplers, args.seeds, args.budget, args.jobs)
-    report(rows, args.seeds)
+    if rows:
+        report(rows, args.seeds)
+    if recorded:
+        landscapes.report(landscapes.run_benchmark(recorded, args.samplers, args.seeds,
+                                                   args.budget, Row, args.jobs))
     print(f"\nwall time {time.monotonic() - t0:.0f}s ({args.seeds} seeds, budget "
           f"{args.budget}, {args.jobs} process(es))")
     return 0

@@ -1,0 +1,436 @@
+"""Recorded real landscapes, replayed: the samplers compared on physics nobody here wrote.
+
+`benchmarks/record_landscape.py` boots every point of a real engine's grid several times and
+writes one Parquet row per (point, repeat, level). Here such a table becomes a landscape a
+search can run on without a server:
+
+- each replayed "boot" of a point draws ONE of its recorded repeats (seeded by the search's
+  seed, the point and how often this search booted it), never their mean: the spread between
+  two boots of one point (up to 15% on real engines) is what a sampler must live with. The
+  same seed draws the same repeats whichever sampler asks, as the simulator benchmark's noise
+  does (fair pairs);
+- the search's baseline is one recorded repeat of the no-speculation point (steps 0), drawn
+  the same way;
+- a repeat the server refused (status infeasible) or that failed replays as that outcome: the
+  sampler is told a violated constraint, as the search tells it;
+- the truth a search is judged by is the recorded repeats' means: a point's score is the
+  weighted mean log-speedup of its mean tok/s per level over the baseline's mean tok/s per
+  level (the search's objective); the optimum is the best such score, and a boot "reaches 98%"
+  when its point's score is within log 0.98 of it. A point no repeat of which measured is
+  refused (score: the search's infeasible score).
+
+The space the samplers search is the recorded grid without steps 0 (the baseline is measured
+first, as every search does): an int range where an axis's values are consecutive integers,
+else a categorical. The experiment is the one recorded (the file's metadata keeps it), with the
+search's `max_trials` of the default experiment so that TPE starts as it would there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from specdecode_tune.config import Experiment, experiment_from_dict
+from specdecode_tune.objective import RATIO_FLOOR
+from specdecode_tune.samplers.model import (
+    BASELINE_ATTR,
+    MEASURED_ATTR,
+    NOISE_BAND_ATTR,
+    baseline_attr,
+    measured_attr,
+)
+from specdecode_tune.search.sampler_factory import make_sampler
+from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
+from specdecode_tune.space import STEPS, DefineByRun, ParamSpec, resolve
+
+DATA = Path(__file__).resolve().parent / "data"
+META_KEY = b"landscape"
+TARGET = math.log(0.98)
+DEFAULT_MAX_TRIALS = 16          # experiments/sim-default.toml's search.max_trials
+
+Key = tuple[Any, ...]            # the point's values, in the axes' order (steps first)
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One recorded boot of one point: its outcome and, where it measured, its levels."""
+
+    repeat: int
+    status: str                          # ok / infeasible / failed / pruned
+    reason: str
+    tok_s: dict[int, float]              # per closed-loop level measured
+    levels: tuple[dict[str, Any], ...]   # the "measured" attr's levels
+    facts: dict[str, int | None]
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "ok" and bool(self.tok_s)
+
+
+@dataclass(frozen=True)
+class Landscape:
+    name: str
+    exp: Experiment                      # the space is the grid without the baseline
+    axes: tuple[tuple[str, tuple[Any, ...]], ...]
+    baseline: tuple[Boot, ...]           # every recorded repeat of steps 0
+    points: dict[Key, tuple[Boot, ...]]  # every recorded repeat of every other point
+    base_mean: dict[int, float]
+    scores: dict[Key, float]             # true score: from the repeats' means
+    optimum: Key
+    best: float
+    meta: dict[str, Any]
+
+    @property
+    def threshold(self) -> float:
+        return self.best + TARGET
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    def key_of(self, sampled: dict[str, Any]) -> Key:
+        return tuple(sampled[n] for n in self.names)
+
+    def draw(self, key: Key, seed: int, nth: int) -> Boot:
+        """The recorded repeat the `nth` boot (0, 1, ...) of `key` in search `seed` sees."""
+        boots = self.points[key]
+        return boots[int(_rng(seed, f"{key}/{nth}").integers(len(boots)))]
+
+    def draw_baseline(self, seed: int) -> Boot:
+        usable = [b for b in self.baseline if b.measured] or list(self.baseline)
+        return usable[int(_rng(seed, "baseline").integers(len(usable)))]
+
+    def score_of(self, tok_s: dict[int, float], base: dict[int, float]) -> float | None:
+        weights = self.exp.level_weights()
+        if any(c not in tok_s or c not in base for c, w in weights.items() if w > 0):
+            return None
+        return score(tok_s, base, weights)
+
+
+def score(tok_s: dict[int, float], base: dict[int, float], weights: dict[int, float]) -> float:
+    """The search's objective: the weighted mean log-speedup over the levels."""
+    num = sum(w * math.log(max(tok_s[c] / base[c], RATIO_FLOOR))
+              for c, w in weights.items() if w > 0)
+    return num / sum(w for w in weights.values() if w > 0)
+
+
+def _rng(seed: int, what: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(what.encode())])
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    md = pq.read_schema(path).metadata or {}
+    if META_KEY not in md:
+        raise ValueError(f"{path}: not a recorded landscape (no '{META_KEY.decode()}' "
+                         f"metadata; record one with benchmarks/record_landscape.py)")
+    return json.loads(md[META_KEY])
+
+
+def _space(axes: Sequence[tuple[str, Sequence[Any]]]) -> tuple[ParamSpec, ...]:
+    specs = []
+    for name, values in axes:
+        vals = [v for v in values if not (name == STEPS and v == 0)]
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in vals)
+        if ints and len(vals) > 1 and sorted(vals) == list(range(min(vals), max(vals) + 1)):
+            specs.append(ParamSpec(name, "int", low=min(vals), high=max(vals)))
+        else:
+            specs.append(ParamSpec(name, "categorical", choices=tuple(vals)))
+    return tuple(specs)
+
+
+def _boot(rows: Sequence[dict[str, Any]]) -> Boot:
+    first = rows[0]
+    tok_s: dict[int, float] = {}
+    levels = []
+    for r in sorted(rows, key=lambda r: r["concurrency"]):
+        if r["output_tok_s"] is None:
+            continue
+        c = int(r["concurrency"])
+        tok_s[c] = float(r["output_tok_s"])
+        lv: dict[str, Any] = {"concurrency": c, "output_tok_s": tok_s[c]}
+        if r["accept_length"] is not None:
+            lv["accept_length"] = float(r["accept_length"])
+        if r["accept_histogram"]:
+            lv["accept_histogram"] = [int(x) for x in r["accept_histogram"]]
+        levels.append(lv)
+    facts = {"max_total_num_tokens": first["max_total_num_tokens"],
+             "max_running_requests": first["max_running_requests"]}
+    return Boot(int(first["repeat"]), str(first["status"]), first["reason"] or "", tok_s,
+                tuple(levels), facts)
+
+
+def _mean_tok_s(boots: Sequence[Boot]) -> dict[int, float]:
+    ok = [b for b in boots if b.measured]
+    levels = sorted({c for b in ok for c in b.tok_s})
+    return {c: statistics.fmean(b.tok_s[c] for b in ok if c in b.tok_s) for c in levels}
+
+
+def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> Landscape:
+    """A recorded table as a replayable landscape (ValueError where it cannot be one)."""
+    meta = read_meta(path)
+    axes = tuple((str(n), tuple(v)) for n, v in meta["axes"])
+    exp = experiment_from_dict(meta["experiment"], where=f"{path} (metadata)")
+    exp = dataclasses.replace(exp, space=_space(axes), search=dataclasses.replace(
+        exp.search, max_trials=max(max_trials, exp.search.max_trials)))
+    names = [n for n, _ in axes]
+    by_boot: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in pq.read_table(path).to_pylist():
+        by_boot.setdefault((row["point"], int(row["repeat"])), []).append(row)
+    baseline: list[Boot] = []
+    points: dict[Key, list[Boot]] = {}
+    for (pid, _), rows in sorted(by_boot.items()):
+        point = json.loads(pid)
+        boot = _boot(rows)
+        if int(point.get(STEPS, 0)) == 0:
+            baseline.append(boot)
+        else:
+            points.setdefault(tuple(point[n] for n in names), []).append(boot)
+    if not any(b.measured for b in baseline):
+        raise ValueError(f"{path}: no measured repeat of the baseline ({STEPS} = 0): a "
+                         f"landscape needs it to score the other points")
+    if not points:
+        raise ValueError(f"{path}: no point with {STEPS} >= 1 recorded")
+    grid = list(product(*(tuple(v for v in vals if not (n == STEPS and v == 0))
+                          for n, vals in axes)))
+    missing = [k for k in grid if k not in points]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} of the {len(grid)} grid points have no "
+                         f"recorded boot (e.g. {dict(zip(names, missing[0], strict=True))}): "
+                         f"finish the recording (record_landscape.py resumes where it stopped)")
+    base_mean = _mean_tok_s(baseline)
+    weights = exp.level_weights()
+    scores: dict[Key, float] = {}
+    for key, boots in points.items():
+        mean = _mean_tok_s(boots)
+        ok = all(c in mean for c, w in weights.items() if w > 0)
+        scores[key] = score(mean, base_mean, weights) if ok else INFEASIBLE_SCORE
+    optimum = max(scores, key=lambda k: scores[k])
+    return Landscape(str(meta.get("name", Path(path).stem)), exp, axes, tuple(baseline),
+                     {k: tuple(v) for k, v in points.items()}, base_mean, scores, optimum,
+                     scores[optimum], meta)
+
+
+@lru_cache(maxsize=16)
+def landscape_of(path: str) -> Landscape:
+    return load_landscape(path)
+
+
+def recorded_paths(given: Sequence[str] | None) -> list[str]:
+    """The tables to replay: those given, else every Parquet under benchmarks/data/."""
+    if given:
+        return [str(p) for p in given]
+    return sorted(str(p) for p in DATA.glob("*.parquet")) if DATA.is_dir() else []
+
+
+# ------------------------------------------------------------------------------ the repeats
+
+
+def repeat_scores(land: Landscape, key: Key) -> list[float]:
+    """Each measured repeat's score against the baseline's mean."""
+    out = []
+    for b in land.points[key]:
+        s = land.score_of(b.tok_s, land.base_mean) if b.measured else None
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def noise_sigma(land: Landscape) -> float:
+    """The median over points of the standard deviation of a repeat's score."""
+    sds = [statistics.stdev(s) for k in land.points if len(s := repeat_scores(land, k)) > 1]
+    return statistics.median(sds) if sds else 0.0
+
+
+def noise_band(land: Landscape) -> float:
+    """The band the search's repeats would measure: two sigmas, at least the experiment's."""
+    return max(land.exp.search.noise_band, 2.0 * noise_sigma(land))
+
+
+# ---------------------------------------------------------------------------------- a search
+
+
+def run_search(land: Landscape, sampler_name: str, seed: int, budget: int,
+               trace: list[tuple[Key, Boot, dict[str, Any]]] | None = None) -> list[float]:
+    """The true score of each boot a search with this sampler makes, in order (as
+    search_efficiency.run_search does on a simulator profile). `trace` gets each boot's point,
+    the recorded repeat it drew and the "measured" attr the sampler was given."""
+    import optuna
+
+    exp = land.exp
+    study = optuna.create_study(direction="maximize",
+                                sampler=make_sampler(sampler_name, exp, seed))
+    base_boot = land.draw_baseline(seed)
+    base = base_boot.tok_s
+    study.set_user_attr(BASELINE_ATTR, baseline_attr(
+        levels=list(base_boot.levels), weights=exp.level_weights(), facts=base_boot.facts,
+        request_tokens=_mean_length(exp.workload.input_len)
+        + _mean_length(exp.workload.output_len)))
+    study.set_user_attr(NOISE_BAND_ATTR, noise_band(land))
+    space = DefineByRun(exp.space, exp.backend.flags)
+    known: dict[Key, float | None] = {}
+    nth: dict[Key, int] = {}
+    boots: list[float] = []
+    duplicates = 0
+    while len(boots) < budget:
+        trial = study.ask()
+        space(trial)
+        key = land.key_of(trial.params)
+        if key in known and duplicates < MAX_DUPLICATES:
+            duplicates += 1
+            _tell(study, trial, known[key])
+            continue
+        duplicates = 0
+        nth[key] = nth.get(key, -1) + 1
+        boot = land.draw(key, seed, nth[key])
+        params = resolve(trial.params, exp.backend.flags)
+        value = land.score_of(boot.tok_s, base) if boot.measured else None
+        if value is None:
+            status = boot.status if boot.status != "ok" else "failed"
+            attr = measured_attr(status=status, params=params,
+                                 reason=boot.reason or "no level measured")
+        else:
+            attr = measured_attr(status="ok", params=params, facts=boot.facts,
+                                 levels=list(boot.levels))
+        trial.set_user_attr(MEASURED_ATTR, attr)
+        if trace is not None:
+            trace.append((key, boot, attr))
+        known.setdefault(key, value)
+        boots.append(land.scores[key])
+        _tell(study, trial, value)
+    return boots
+
+
+def _tell(study: Any, trial: Any, value: float | None) -> None:
+    trial.set_constraint("feasible", 0.0 if value is not None else 1.0)
+    study.tell(trial, value if value is not None else INFEASIBLE_SCORE)
+
+
+def _mean_length(length: int | tuple[int, int]) -> float:
+    return sum(length) / 2 if isinstance(length, tuple) else float(length)
+
+
+def grid_order(land: Landscape) -> list[Key]:
+    """The grid as a user's loop runs it: the axes in order, steps outermost."""
+    return [k for k in product(*(tuple(v for v in vals if not (n == STEPS and v == 0))
+                                 for n, vals in land.axes)) if k in land.points]
+
+
+def first_hit(scores: Sequence[float], threshold: float) -> int | None:
+    for i, s in enumerate(scores, start=1):
+        if s >= threshold - 1e-12:
+            return i
+    return None
+
+
+def hits(path: str, sampler: str, seed: int, budget: int) -> int | None:
+    """Boots until 98% of the optimum on the landscape at `path` (None: not within budget)."""
+    land = landscape_of(path)
+    if sampler == "grid":
+        return first_hit([land.scores[k] for k in grid_order(land)], land.threshold)
+    return first_hit(run_search(land, sampler, seed, budget), land.threshold)
+
+
+def _task(args: tuple[str, str, int, int]) -> tuple[str, str, int, int | None]:
+    path, sampler, seed, budget = args
+    return path, sampler, seed, hits(path, sampler, seed, budget)
+
+
+# ---------------------------------------------------------------------------------- describe
+
+
+def describe(land: Landscape) -> list[str]:
+    """The landscape in a few lines: what was recorded, the best point, how flat it is."""
+    meta = land.meta
+    sessions = meta.get("sessions", [])
+    wall = sum(float(s.get("wall_s", 0.0)) for s in sessions)
+    boots = len(land.baseline) + sum(len(v) for v in land.points.values())
+    engine = next((s.get("engine_version") for s in sessions if s.get("engine_version")), "")
+    model = next((s.get("model", {}).get("name") for s in sessions if s.get("model")), "")
+    lines = [f"recorded: {meta.get('engine')} ({engine or 'version unknown'}), model {model}, "
+             f"{boots} boots in {wall / 60:.0f} min, levels C="
+             f"{','.join(str(c) for c in meta.get('levels', []))}"]
+    opt = dict(zip(land.names, land.optimum, strict=True))
+    feasible = [s for s in land.scores.values() if s > INFEASIBLE_SCORE]
+    near = sum(1 for s in land.scores.values() if s >= land.threshold)
+    refused = len(land.scores) - len(feasible)
+    lines.append(f"optimum {_short(opt)}: {math.exp(land.best):.2f}x the baseline (mean of "
+                 f"{sum(1 for b in land.points[land.optimum] if b.measured)} repeats); "
+                 f"{near} of {len(land.scores)} points within 2% of it; {refused} refused")
+    if feasible:
+        lo, med = min(feasible), statistics.median(feasible)
+        lines.append(f"flatness: median point at {math.exp(med - land.best):.1%} of the "
+                     f"optimum, worst at {math.exp(lo - land.best):.1%}; a repeat's score "
+                     f"varies by {noise_sigma(land):.3f} (sd, log units; replay noise band "
+                     f"{noise_band(land):.3f})")
+    return lines
+
+
+def _short(point: dict[str, Any]) -> str:
+    names = {STEPS: "steps"}
+    return " ".join(f"{names.get(k, k)}={v}" for k, v in point.items())
+
+
+def report(rows: Sequence[Any], say: Callable[[str], None] = print) -> None:
+    """Rows (search_efficiency.Row, profile = the table's path) per recorded landscape."""
+    by_path: dict[str, list[Any]] = {}
+    for r in rows:
+        by_path.setdefault(r.profile, []).append(r)
+    for path, prow in by_path.items():
+        land = landscape_of(path)
+        say("")
+        say(f"== recorded: {land.name}  ({Path(path).name})")
+        for line in describe(land):
+            say(f"   {line}")
+        say(f"   {'sampler':<9} {'budget':>6} {'median':>7} {'worst':>6} {'reached':>8}"
+            f"   boots to 98% of the optimum, per seed ('-': not within the budget)")
+        for r in prow:
+            per = " ".join("-" if h is None else str(h) for h in r.hits)
+            if r.sampler == "grid":
+                per = f"deterministic: {per.split()[0]} (of {r.budget})"
+            say(f"   {r.sampler:<9} {r.budget:>6} {_fmt(r.median, r.budget):>7} "
+                f"{_fmt(r.worst, r.budget):>6} {r.within(r.budget):>3}/{len(r.hits):<4}   {per}")
+
+
+def _fmt(x: float, budget: int) -> str:
+    return f">{budget}" if math.isinf(x) else f"{x:g}"
+
+
+def run_benchmark(paths: Sequence[str], samplers: Sequence[str], seeds: int, budget: int,
+                  row: Callable[..., Any], jobs: int = 1) -> list[Any]:
+    """`row(profile, sampler, budget, hits)` per landscape and sampler (the grid: once, its
+    length as the budget)."""
+    tasks = [(p, s, seed, budget) for p in paths for s in samplers if s != "grid"
+             for seed in range(seeds)]
+    if jobs > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(_task, tasks, chunksize=1))
+    else:
+        done = [_task(t) for t in tasks]
+    results: dict[tuple[str, str], dict[int, int | None]] = {}
+    for path, sampler, seed, hit in done:
+        results.setdefault((path, sampler), {})[seed] = hit
+    rows = []
+    for p in paths:
+        for s in samplers:
+            if s == "grid":
+                n = len(grid_order(landscape_of(p)))
+                rows.append(row(p, s, n, (hits(p, s, 0, n),) * seeds))
+            else:
+                rows.append(row(p, s, budget, tuple(results[(p, s)][i] for i in range(seeds))))
+    return rows

@@ -1,0 +1,387 @@
+"""Record a real engine's landscape: every point of a grid, booted and measured, with repeats.
+
+Each (point, repeat) is one boot through the project's own trial (`specdecode_tune.trial.
+run_trial`: the backend's argv, `ServerProcess`, the load generator, the backend's counters), so
+what is recorded is what a search's trial would have measured. The table (Parquet, one row per
+point, repeat and level) is what `benchmarks/landscapes.py` replays in
+`benchmarks/search_efficiency.py`: each replayed "boot" draws one recorded repeat.
+
+    python benchmarks/record_landscape.py --experiment experiments/llamacpp-cpu.toml \\
+        --axis speculative_num_steps=0-24 --axis spec_ngram_simple_size_n=1,2,3 \\
+        --repeats 3 --out benchmarks/data/llamacpp-cpu.parquet
+
+- `--axis NAME=VALUES` (repeatable): the grid, "LOW-HIGH" (ints) or "a,b,c". The first axis
+  must be `speculative_num_steps`; its value 0 is the baseline (no speculation), recorded once
+  per repeat with the experiment's fixed flags (the other axes mean nothing without a draft).
+- The order is repeat-major, each repeat's points shuffled (seeded by the repeat): an
+  interrupted recording holds whole grids with fewer repeats, and the machine's drift over the
+  recording does not line up with an axis.
+- Resumable: rows already in `--out` (same point and repeat) are not booted again; the table is
+  rewritten (atomically) after every boot. `--stop-at HH:MM` (UTC) starts no boot after then.
+- The file's metadata (key `landscape`, JSON) holds the experiment as recorded (its TOML with
+  the measure overrides), the axes, the engine's version, the model, the machine, the command of
+  each session and the wall time each took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from specdecode_tune.backends import get_backend, preflight
+from specdecode_tune.config import Experiment
+from specdecode_tune.config.experiment import experiment_from_dict
+from specdecode_tune.enginecache import expand_path
+from specdecode_tune.errors import ConfigError
+from specdecode_tune.records import TrialResult
+from specdecode_tune.space import STEPS, resolve
+from specdecode_tune.store import rundir
+from specdecode_tune.trial import TrialContext, run_trial
+
+ROOT = Path(__file__).resolve().parent.parent
+META_KEY = b"landscape"
+FORMAT = 1
+
+# Columns of every row, in order; `axis_<name>` columns (one per axis) come after `point`.
+LEVEL_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("output_tok_s", pa.float64()), ("requests_s", pa.float64()),
+    ("accept_length", pa.float64()), ("accept_histogram", pa.list_(pa.int64())),
+    ("requests", pa.int64()), ("errors", pa.int64()), ("output_tokens", pa.int64()),
+    ("duration_s", pa.float64()), ("ttft_p50", pa.float64()), ("tpot_p50", pa.float64()),
+    ("e2e_p50", pa.float64()), ("suspect", pa.bool_()), ("note", pa.string()),
+]
+BOOT_FIELDS: list[tuple[str, pa.DataType]] = [
+    ("status", pa.string()), ("reason", pa.string()), ("boot_s", pa.float64()),
+    ("trial_wall_s", pa.float64()), ("max_total_num_tokens", pa.int64()),
+    ("max_running_requests", pa.int64()), ("launch_command", pa.string()),
+    ("started_at", pa.float64()),
+]
+
+
+# ------------------------------------------------------------------------------------ the grid
+
+
+def parse_axis(text: str) -> tuple[str, list[int | float | str]]:
+    """'name=0-24' or 'name=1,2,3' -> (name, values)."""
+    name, sep, raw = text.partition("=")
+    name, raw = name.strip(), raw.strip()
+    if not sep or not name or not raw:
+        raise ConfigError(f"--axis {text!r}: expected NAME=LOW-HIGH or NAME=a,b,c, e.g. "
+                          f"speculative_num_steps=0-24")
+    if "," not in raw and "-" in raw.lstrip("-"):
+        lo, _, hi = raw.partition("-")
+        try:
+            low, high = int(lo), int(hi)
+        except ValueError:
+            raise ConfigError(f"--axis {text!r}: a range takes two integers, e.g. 0-24") from None
+        if high < low:
+            raise ConfigError(f"--axis {text!r}: the range's high {high} is below its low {low}")
+        return name, list(range(low, high + 1))
+    values: list[int | float | str] = []
+    for item in raw.split(","):
+        item = item.strip()
+        try:
+            values.append(tomllib.loads(f"v = {item}")["v"])
+        except tomllib.TOMLDecodeError:
+            values.append(item)
+    if len(set(map(str, values))) != len(values):
+        raise ConfigError(f"--axis {text!r}: a value is repeated")
+    return name, values
+
+
+def grid_points(axes: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
+    """Every point of the grid: the baseline once (if steps 0 is on the axis), then the
+    product of the axes for steps >= 1."""
+    if not axes or axes[0][0] != STEPS:
+        raise ConfigError(f"--axis: the first axis must be {STEPS} (the draft length)")
+    names = [n for n, _ in axes]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--axis: an axis is given twice ({', '.join(names)})")
+    points: list[dict[str, Any]] = []
+    if 0 in axes[0][1]:
+        points.append({STEPS: 0})
+    steps = [v for v in axes[0][1] if v != 0]
+    for combo in product(steps, *(vals for _, vals in axes[1:])):
+        points.append(dict(zip(names, combo, strict=True)))
+    return points
+
+
+def point_id(point: Mapping[str, Any]) -> str:
+    """The point's stable name in the table (its sampled values, JSON, sorted keys)."""
+    return json.dumps(dict(point), sort_keys=True)
+
+
+def schedule(points: Sequence[dict[str, Any]], repeats: int) -> list[tuple[dict[str, Any], int]]:
+    """Repeat-major, each repeat's points shuffled with the repeat as seed."""
+    order: list[tuple[dict[str, Any], int]] = []
+    for r in range(repeats):
+        batch = list(points)
+        random.Random(1000 + r).shuffle(batch)
+        order += [(p, r) for p in batch]
+    return order
+
+
+# ----------------------------------------------------------------------------------- the table
+
+
+def schema(axis_names: Sequence[str], axis_types: Mapping[str, pa.DataType]) -> pa.Schema:
+    fields = [pa.field("point", pa.string())]
+    fields += [pa.field(f"axis_{n}", axis_types[n]) for n in axis_names]
+    fields += [pa.field("repeat", pa.int64()), pa.field("concurrency", pa.int64())]
+    fields += [pa.field(n, t) for n, t in BOOT_FIELDS + LEVEL_FIELDS]
+    return pa.schema(fields)
+
+
+def axis_type(values: Sequence[Any]) -> pa.DataType:
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return pa.int64()
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return pa.float64()
+    return pa.string()
+
+
+def rows_of(result: TrialResult, point: Mapping[str, Any], repeat: int,
+            axis_names: Sequence[str], levels: Sequence[int], launch: str,
+            started_at: float) -> list[dict[str, Any]]:
+    """One row per level: the level's figures, or nulls where the boot measured none (refused,
+    failed before or during it)."""
+    by_c = {s.concurrency: s for s in result.levels if s.mode == "closed"}
+    boot = {"status": result.status, "reason": result.reason, "boot_s": result.facts.boot_s,
+            "trial_wall_s": result.wall_s,
+            "max_total_num_tokens": result.facts.max_total_num_tokens,
+            "max_running_requests": result.facts.max_running_requests,
+            "launch_command": launch, "started_at": started_at}
+    rows = []
+    for c in levels:
+        row: dict[str, Any] = {"point": point_id(point), "repeat": repeat, "concurrency": c,
+                               **{f"axis_{n}": point.get(n) for n in axis_names}, **boot}
+        s = by_c.get(c)
+        for name, _ in LEVEL_FIELDS:
+            value = getattr(s, name) if s is not None else None
+            row[name] = list(value) if name == "accept_histogram" and value is not None \
+                else value
+        rows.append(row)
+    return rows
+
+
+def read_existing(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, metadata) of a recording, or ([], {}) where there is none yet."""
+    if not path.is_file():
+        return [], {}
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
+    return table.to_pylist(), meta
+
+
+def write_table(path: Path, rows: Sequence[Mapping[str, Any]], sch: pa.Schema,
+                meta: Mapping[str, Any]) -> None:
+    table = pa.Table.from_pylist(list(rows), schema=sch).replace_schema_metadata(
+        {META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def done_keys(rows: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
+    return {(r["point"], int(r["repeat"])) for r in rows}
+
+
+# ---------------------------------------------------------------------------- what was booted
+
+
+def engine_version(exp: Experiment) -> str:
+    """The engine's own words on its version ('' where it says nothing)."""
+    program = get_backend(exp.backend.kind).argv(exp.backend, {STEPS: 0}, 0)[0]
+    if exp.backend.kind == "llamacpp":
+        cmd = [program, "--version"]
+    elif exp.backend.kind in ("vllm", "sglang") and program.endswith(("python", "python3")):
+        mod = exp.backend.kind
+        cmd = [program, "-c", f"import {mod}; print('{mod}', {mod}.__version__)"]
+    else:
+        return ""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines()
+             if ln.strip() and ("version" in ln.lower() or ln.startswith(exp.backend.kind))]
+    return "; ".join(lines[-3:])
+
+
+def model_facts(exp: Experiment) -> dict[str, Any]:
+    path = Path(expand_path(exp.backend.model_path))
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {"name": path.name, "bytes": sum(p.stat().st_size for p in files)}
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"node": platform.node(), "cpu": cpu, "cpus": os.cpu_count(),
+            "platform": platform.platform(), "loadavg_at_start": list(os.getloadavg())}
+
+
+def recorded_experiment(path: Path, overrides: Mapping[str, Any]) -> tuple[Experiment, str]:
+    """The experiment with `[measure]` overridden, and its TOML-equivalent dict as JSON (what
+    the replay rebuilds it from)."""
+    data = tomllib.loads(path.read_text())
+    data.setdefault("measure", {}).update({k: v for k, v in overrides.items() if v is not None})
+    exp = experiment_from_dict(data, where=str(path), base_dir=path.parent)
+    return exp, json.dumps(data, sort_keys=True)
+
+
+# ------------------------------------------------------------------------------------- record
+
+
+def record(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    exp_path = Path(args.experiment)
+    axes = [parse_axis(a) for a in args.axis]
+    exp, exp_json = recorded_experiment(exp_path, {
+        "concurrency": args.concurrency, "warmup_s": args.warmup_s,
+        "duration_s": args.duration_s, "warmup_requests": args.warmup_requests})
+    preflight(exp.backend)
+    points = grid_points(axes)
+    names = [n for n, _ in axes]
+    sch = schema(names, {n: axis_type(v) for n, v in axes})
+    levels = list(exp.measure.concurrency)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows, meta = read_existing(out)
+    if meta and (meta.get("axes") != [[n, list(v)] for n, v in axes]
+                 or meta.get("experiment") != json.loads(exp_json)):
+        raise ConfigError(f"{out}: recorded with other axes or another experiment; "
+                          f"give another --out or the same --axis and --experiment")
+    if not meta:
+        meta = {"format": FORMAT, "name": args.name or out.stem, "engine": exp.backend.kind,
+                "experiment_file": str(exp_path), "experiment": json.loads(exp_json),
+                "axes": [[n, list(v)] for n, v in axes], "repeats": args.repeats,
+                "levels": levels, "sessions": []}
+    meta["repeats"] = max(int(meta.get("repeats", 0)), args.repeats)
+    session = {"command": shlex.join(["python", "benchmarks/record_landscape.py", *args.argv]),
+               "started_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+               "engine_version": engine_version(exp), "model": model_facts(exp),
+               "machine": machine_facts(), "boots": 0, "wall_s": 0.0}
+    meta["sessions"].append(session)
+    done = done_keys(rows)
+    todo = [(p, r) for p, r in schedule(points, args.repeats) if (point_id(p), r) not in done]
+    print(f"record_landscape: {len(points)} points x {args.repeats} repeats at C="
+          f"{','.join(map(str, levels))}; {len(done)} boots already recorded, {len(todo)} to "
+          f"go -> {out}", flush=True)
+    print(f"  engine: {session['engine_version'] or '?'}; model {session['model']}", flush=True)
+    stop_at = _stop_time(args.stop_at)
+    run_dir = str(Path(args.run_dir or ROOT / "runs" / "landscapes" / meta["name"]))
+    local = rundir.logs_dir(run_dir)
+    backend = get_backend(exp.backend.kind)
+    stopped = ""
+    for i, (point, repeat) in enumerate(todo, start=1):
+        if stop_at is not None and time.time() >= stop_at:
+            stopped = f"--stop-at {args.stop_at} reached"
+            break
+        params = resolve(point, exp.backend.flags)
+        launch = backend.launch_command(exp.backend, params)
+        trial_id = f"land-r{repeat}-" + "-".join(
+            f"{k.split('_')[-1]}{v}" for k, v in sorted(point.items()))
+        started = time.time()
+        result = run_trial(exp, point, TrialContext(run_dir=run_dir, local_dir=local,
+                                                    trial_id=trial_id, repeat=repeat))
+        rows += rows_of(result, point, repeat, names, levels, launch, started)
+        session["boots"] += 1
+        session["wall_s"] = round(time.monotonic() - t0, 1)
+        write_table(out, rows, sch, meta)
+        figs = " ".join(f"C={s.concurrency}:{s.output_tok_s:.1f}tok/s"
+                        + (f"/acc{s.accept_length:.2f}" if s.accept_length else "")
+                        for s in result.levels)
+        print(f"  [{i}/{len(todo)}] r{repeat} {point_id(point)} {result.status} "
+              f"{result.wall_s:.0f}s {figs} {result.reason[:160]}", flush=True)
+    session["wall_s"] = round(time.monotonic() - t0, 1)
+    session["ended_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    if stopped:
+        session["stopped"] = stopped
+    write_table(out, rows, sch, meta)
+    left = len(todo) - session["boots"]
+    print(f"record_landscape: {session['boots']} boots in {session['wall_s']:.0f}s; "
+          f"{len(done_keys(rows))} recorded in all" + (f"; {left} left ({stopped})" if left
+                                                       else ""), flush=True)
+    return 0
+
+
+def _stop_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        hh, mm = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"--stop-at {text!r}: expected HH:MM (UTC)") from None
+    now = dt.datetime.now(dt.UTC)
+    at = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    if at < now - dt.timedelta(hours=12):
+        at += dt.timedelta(days=1)
+    return at.timestamp()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/record_landscape.py",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiment", required=True, help="an engine experiment TOML")
+    ap.add_argument("--axis", action="append", required=True, metavar="NAME=VALUES",
+                    help="a grid axis: NAME=LOW-HIGH or NAME=a,b,c (first: "
+                         "speculative_num_steps)")
+    ap.add_argument("--repeats", type=int, default=3, help="boots per point (default 3)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=None,
+                    help="levels (default: the experiment's)")
+    ap.add_argument("--warmup-s", type=float, default=None)
+    ap.add_argument("--duration-s", type=float, default=None)
+    ap.add_argument("--warmup-requests", type=int, default=None)
+    ap.add_argument("--out", required=True, help="the Parquet table (resumed if present)")
+    ap.add_argument("--name", default=None, help="the landscape's name (default: --out's stem)")
+    ap.add_argument("--run-dir", default=None,
+                    help="where the trials' own tables and logs go (default: "
+                         "runs/landscapes/<name>)")
+    ap.add_argument("--stop-at", default=None, metavar="HH:MM",
+                    help="UTC time after which no boot starts")
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(given)
+    args.argv = given
+    if args.repeats < 1:
+        print("error: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    # A recording runs for long in the background (where SIGINT is ignored): SIGTERM and SIGINT
+    # leave through the trial's teardown (the server is stopped), keeping every boot written.
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+    try:
+        return record(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""benchmarks/landscapes.py (replaying a recorded real landscape) and the recorder's table and
+resume (benchmarks/record_landscape.py), on small tables written here: no server."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
+from specdecode_tune.search.searcher import INFEASIBLE_SCORE
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "llamacpp-cpu.toml"
+STEPS = "speculative_num_steps"
+NGRAM = "spec_ngram_simple_size_n"
+
+
+def _load(name: str) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module          # dataclasses and pickling look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rec() -> ModuleType:
+    return _load("record_landscape")
+
+
+@pytest.fixture(scope="module")
+def land_mod() -> ModuleType:
+    return _load("landscapes")
+
+
+def level(c: int, tok_s: float, accept: float | None = 2.0) -> LevelSummary:
+    return LevelSummary(c, "closed", None, 3.0, 10, 0, int(tok_s * 3), tok_s, 1.0,
+                        *([None] * 12), accept_length=accept, accept_histogram=(3, 4, 5))
+
+
+# Per point (steps, n) the tok/s of each repeat at C=1 (C=4 is twice it): distinct numbers, so
+# a drawn repeat is recognisable and never equal to a mean.
+BASE = [100.0, 104.0, 96.0]
+TRUE = {
+    (1, 1): [110.0, 130.0, 120.0],
+    (1, 2): [150.0, 171.0, 162.0],      # the best mean: 161
+    (2, 1): [158.0, 163.0, 160.0],      # mean 160.33: within 2% of the best
+    (2, 2): None,                        # refused at every repeat
+    (3, 1): [140.0, None, 146.0],        # refused once
+    (3, 2): [90.0, 95.0, 85.0],
+}
+
+
+def result_for(point: dict[str, Any], repeat: int) -> TrialResult:
+    if point.get(STEPS) == 0:
+        tok = BASE[repeat]
+    else:
+        series = TRUE[(point[STEPS], point[NGRAM])]
+        tok = None if series is None else series[repeat]
+    if tok is None:
+        return TrialResult("t", dict(point), "infeasible",
+                           "invalid_args: the server refused it", wall_s=1.0)
+    return TrialResult("t", dict(point), "ok", facts=ServerFacts(16384, 4, boot_s=0.5),
+                       levels=(level(1, tok), level(4, 2 * tok)), wall_s=5.0, repeat=repeat)
+
+
+def write_recording(rec: ModuleType, path: Path, monkeypatch: pytest.MonkeyPatch,
+                    stop_after: int | None = None) -> list[tuple[str, int]]:
+    """Run the recorder with the trial replaced by the table above; returns the boots it made
+    (point id, repeat). `stop_after` boots, it is interrupted (KeyboardInterrupt)."""
+    booted: list[tuple[str, int]] = []
+
+    def fake_trial(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
+        if stop_after is not None and len(booted) >= stop_after:
+            raise KeyboardInterrupt
+        booted.append((rec.point_id(sampled), ctx.repeat))
+        return result_for(sampled, ctx.repeat)
+
+    monkeypatch.setattr(rec, "run_trial", fake_trial)
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    argv = ["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis", f"{NGRAM}=1,2",
+            "--repeats", "3", "--duration-s", "3", "--out", str(path),
+            "--run-dir", str(path.parent / "runs")]
+    if stop_after is None:
+        assert rec.main(argv) == 0
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            rec.main(argv)
+    return booted
+
+
+@pytest.fixture()
+def table(rec: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "tiny.parquet"
+    write_recording(rec, path, monkeypatch)
+    return path
+
+
+# ------------------------------------------------------------------------------- the recorder
+
+
+def test_axes_parse_ranges_and_lists_and_refuse_bad_ones(rec: ModuleType) -> None:
+    assert rec.parse_axis("speculative_num_steps=0-3") == (STEPS, [0, 1, 2, 3])
+    assert rec.parse_axis("spec_ngram_simple_size_n=1,3") == (NGRAM, [1, 3])
+    for bad in ("steps", "x=4-2", "x=1,1", "x=a-b"):
+        with pytest.raises(rec.ConfigError):
+            rec.parse_axis(bad)
+    with pytest.raises(rec.ConfigError, match="first axis"):
+        rec.grid_points([(NGRAM, [1, 2]), (STEPS, [0, 1])])
+    # The baseline once, then every (steps >= 1, n)
+    points = rec.grid_points([(STEPS, [0, 1, 2]), (NGRAM, [1, 2])])
+    assert points[0] == {STEPS: 0} and len(points) == 1 + 2 * 2
+
+
+def test_the_recorder_writes_a_row_per_point_repeat_and_level(table: Path) -> None:
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(table)
+    rows = t.to_pylist()
+    assert len(rows) == (1 + 3 * 2) * 3 * 2       # points x repeats x levels
+    meta = json.loads(t.schema.metadata[b"landscape"])
+    assert meta["axes"] == [[STEPS, [0, 1, 2, 3]], [NGRAM, [1, 2]]]
+    assert meta["experiment"]["measure"]["duration_s"] == 3
+    assert meta["levels"] == [1, 4]
+    (session,) = meta["sessions"]
+    assert session["boots"] == 21 and session["engine_version"] == "version: 1 (test)"
+    assert "record_landscape" in session["command"] and session["wall_s"] >= 0
+    refused = [r for r in rows if r["axis_speculative_num_steps"] == 2
+               and r["axis_spec_ngram_simple_size_n"] == 2]
+    assert len(refused) == 6 and all(r["status"] == "infeasible" and r["output_tok_s"] is None
+                                     for r in refused)
+    one = next(r for r in rows if r["point"] == json.dumps({NGRAM: 2, STEPS: 1})
+               and r["repeat"] == 1 and r["concurrency"] == 4)
+    assert one["output_tok_s"] == 2 * 171.0 and one["accept_histogram"] == [3, 4, 5]
+    assert "--spec-ngram-simple-size-m 1" in one["launch_command"]
+
+
+def test_an_interrupted_recording_resumes_without_booting_a_point_twice(
+        rec: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "resume.parquet"
+    first = write_recording(rec, path, monkeypatch, stop_after=8)
+    assert len(first) == 8
+    assert len(pq.read_table(path)) == 8 * 2      # written after every boot
+    # Repeat-major: the first 7 boots are the whole grid once
+    assert {r for _, r in first[:7]} == {0}
+    second = write_recording(rec, path, monkeypatch)
+    assert len(second) == 21 - 8 and not set(first) & set(second)
+    rows = pq.read_table(path).to_pylist()
+    assert len(rows) == 21 * 2
+    assert len({(r["point"], r["repeat"], r["concurrency"]) for r in rows}) == len(rows)
+    meta = json.loads(pq.read_table(path).schema.metadata[b"landscape"])
+    assert [s["boots"] for s in meta["sessions"]] == [8, 13]
+    # Nothing left: a third run boots nothing
+    assert write_recording(rec, path, monkeypatch) == []
+
+
+def test_resuming_with_other_axes_is_refused(rec: ModuleType, table: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "")
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-5",
+                     "--out", str(table)]) == 2
+    assert "other axes" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- the replay
+
+
+def test_every_repeat_is_kept_and_the_truth_is_their_mean(land_mod: ModuleType,
+                                                          table: Path) -> None:
+    land = land_mod.load_landscape(table)
+    assert len(land.baseline) == 3
+    assert all(len(boots) == 3 for boots in land.points.values())
+    assert sorted(b.tok_s[1] for b in land.points[(1, 2)]) == [150.0, 162.0, 171.0]
+    base = statistics.fmean(BASE)
+    assert land.base_mean == {1: base, 4: 2 * base}
+    assert land.optimum == (1, 2)
+    assert land.best == pytest.approx(math.log(161.0 / base))
+    assert land.scores[(2, 1)] >= land.threshold > land.scores[(1, 1)]
+    # A point refused once: its truth is the mean of the repeats that measured
+    assert land.scores[(3, 1)] == pytest.approx(math.log(143.0 / base))
+    assert land.scores[(2, 2)] == INFEASIBLE_SCORE
+    # The space the samplers search: the grid without the baseline
+    specs = {s.name: s for s in land.exp.space}
+    assert specs[STEPS].values() == [1, 2, 3] and specs[NGRAM].values() == [1, 2]
+    assert land.exp.search.max_trials == 16
+
+
+def test_a_boot_draws_one_recorded_repeat_never_a_mean(land_mod: ModuleType,
+                                                       table: Path) -> None:
+    land = land_mod.load_landscape(table)
+    recorded = {b.tok_s[1] for b in land.points[(1, 2)]}
+    drawn = [land.draw((1, 2), seed, nth).tok_s[1] for seed in range(10) for nth in range(4)]
+    assert set(drawn) == recorded                 # every repeat comes up, nothing else does
+    assert statistics.fmean(recorded) not in drawn
+    # Seeded: the same search seed and boot draw the same repeat
+    assert land.draw((1, 2), 3, 1) == land.draw((1, 2), 3, 1)
+    assert {land.draw_baseline(s).tok_s[1] for s in range(20)} == set(BASE)
+
+
+def test_refusals_replay_as_refusals(land_mod: ModuleType, table: Path) -> None:
+    land = land_mod.load_landscape(table)
+    assert all(b.status == "infeasible" for b in land.points[(2, 2)])
+    outcomes = {land.draw((3, 1), s, 0).status for s in range(30)}
+    assert outcomes == {"ok", "infeasible"}
+    trace: list[Any] = []
+    boots = land_mod.run_search(land, "random", 0, 12, trace=trace)
+    assert len(boots) == len(trace) == 12
+    for key, boot, attr in trace:
+        assert attr["status"] == boot.status
+        if boot.status == "infeasible":
+            assert "refused" in attr["reason"]
+        else:
+            measured = {b.tok_s[1] for b in land.points[key] if b.measured}
+            assert attr["levels"]["1"]["output_tok_s"] in measured
+    assert any(k == (2, 2) for k, _, _ in trace)  # the random search meets the refused point
+    assert all(s == land.scores[k] for s, (k, _, _) in zip(boots, trace, strict=True))
+
+
+def test_every_sampler_runs_and_the_grid_is_deterministic(land_mod: ModuleType,
+                                                          table: Path) -> None:
+    se = _load("search_efficiency")
+    rows = land_mod.run_benchmark([str(table)], ["grid", "random", "tpe", "model"], 2, 8,
+                                  se.Row)
+    by = {r.sampler: r for r in rows}
+    # The grid's order: (1,1), (1,2) -> the optimum at the second boot
+    assert by["grid"].hits == (2, 2) and by["grid"].budget == 6
+    for name in ("random", "tpe", "model"):
+        assert len(by[name].hits) == 2
+        assert all(h is None or 1 <= h <= 8 for h in by[name].hits)
+    lines: list[str] = []
+    land_mod.report(rows, say=lines.append)
+    text = "\n".join(lines)
+    assert "== recorded: tiny" in text and "optimum steps=1 spec_ngram_simple_size_n=2" in text
+    assert "1 refused" in text
+
+
+def test_a_table_without_the_landscape_metadata_is_refused(land_mod: ModuleType,
+                                                           tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    with pytest.raises(ValueError, match="not a recorded landscape"):
+        land_mod.load_landscape(path)
+
+
+def test_an_unfinished_recording_is_refused_with_what_is_missing(
+        rec: ModuleType, land_mod: ModuleType, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "part.parquet"
+    write_recording(rec, path, monkeypatch, stop_after=5)   # 5 of the 7 points once
+    with pytest.raises(ValueError, match="2 of the 6 grid points have no recorded boot"):
+        land_mod.load_landscape(path)
