@@ -219,7 +219,7 @@ def test_ctrl_c_during_the_baseline_leaves_nothing_running(tmp_path: Path,
         _wait_line(log_path, "baseline: measuring", 120)
         time.sleep(1.0)
         driver.send_signal(signal.SIGINT)
-        assert driver.wait(timeout=60) == 130
+        assert driver.wait(timeout=150) == 130
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -262,7 +262,7 @@ def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
         assert not [p for p in left if pid_alive(p)], \
             {p: c for p, c in left.items() if pid_alive(p)}
         second.send_signal(signal.SIGINT)
-        second.wait(timeout=60)
+        second.wait(timeout=150)
     finally:
         if second.poll() is None:
             second.kill()
