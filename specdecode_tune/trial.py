@@ -41,6 +41,7 @@ from .backends import get_backend, preflight, refusals
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
+from .load.slo import Slo, good_requests
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
@@ -199,6 +200,7 @@ def run_trial(
                 env.get("CUDA_VISIBLE_DEVICES"), own_pids=lambda: telemetry.server_pids(srv.pid),
                 rules=telemetry.SuspectRules(warmup_s=exp.measure.warmup_s))
             counters: list[Any] = []      # the server's counters when the level started
+            slo = slo_of(exp)
 
             def level_start(_plan: LevelPlan) -> None:
                 sampler.cut()             # the warm-up and the pause between levels: dropped
@@ -239,6 +241,9 @@ def run_trial(
                 summary = dataclasses.replace(
                     summary, over_running_limit=over, note=note,
                     suspect=summary.suspect or summary.errors > 0 or not answering)
+                if slo is not None:
+                    good, total = good_requests(records, slo)
+                    summary = dataclasses.replace(summary, slo_good=good, slo_total=total)
                 results.write_level(ctx.run_dir, ctx.trial_id, summary, records,
                                     params=params, repeat=ctx.repeat)
                 results.write_telemetry(ctx.run_dir, ctx.trial_id, results.level_tag(summary),
@@ -276,6 +281,19 @@ def run_trial(
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
     return finish("ok", "", facts)
+
+
+def slo_of(exp: Experiment) -> Slo | None:
+    """The goodput objective's latency targets (seconds), or None for other objectives."""
+    o = exp.objective
+    if o.kind != "goodput":
+        return None
+
+    def s(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000.0
+
+    return Slo(ttft_s=s(o.ttft_ms), tpot_s=s(o.tpot_ms), itl_s=s(o.itl_ms),
+               percentile=o.percentile)
 
 
 def record_trial(ctx: TrialContext, result: TrialResult, *, started_at: float,

@@ -72,6 +72,7 @@ class Prompt:
     output_len: int                             # tokens to ask for (max_new_tokens / max_tokens)
     temperature: float = 0.0
     ignore_eos: bool = True
+    prompt_id: str | None = None                # the prompt's id in its source (ShareGPT id)
 
 
 def make_prompts(spec: WorkloadSpec, n: int, stream: int = 0) -> list[Prompt]:
@@ -89,6 +90,8 @@ def iter_prompts(spec: WorkloadSpec, stream: int = 0) -> Iterator[Prompt]:
         if spec.max_prompts is not None:
             return itertools.cycle(list(itertools.islice(gen, spec.max_prompts)))
         return gen
+    if spec.kind == "sharegpt":
+        return _sharegpt_prompts(spec, rng)
     return _jsonl_prompts(spec, rng)
 
 
@@ -129,3 +132,15 @@ def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
                 float(spec.temperature),
                 spec.ignore_eos,
             )
+
+
+def _sharegpt_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
+    # drawn when the spec was built (and cached on disk for other processes)
+    prompts = spec.sharegpt_sample().prompts
+    order = list(range(len(prompts)))
+    while True:
+        rng.shuffle(order)
+        for i in order:
+            p = prompts[i]
+            yield Prompt(p.text, ({"role": "user", "content": p.text},), p.input_len,
+                         p.output_len, float(spec.temperature), spec.ignore_eos, p.id)
