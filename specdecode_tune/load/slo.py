@@ -7,20 +7,23 @@ not checked. This is vLLM's `--goodput ttft:MS tpot:MS e2el:MS` rule and DistSer
 attainment": a request counts only if all its targets hold. Per level, the figure is the
 fraction of the window's completed requests that were good (`good_fraction`) and the good
 requests per second (`goodput_s`); over repeats of a configuration the fraction gets a 95%
-confidence interval (`fraction_interval`: Student's t over the repeats, or Wilson's interval
-on the counts of a single measurement).
+confidence interval (`fraction_interval`: Student's t over the repeats, never narrower than
+Wilson's interval on the pooled counts; Wilson's alone for a single measurement).
 
 Saturation, as GuideLLM's over-saturation detector (`OverSaturationDetector` in its
 `scheduler/constraints/over_saturation.py`) decides it: a linear fit of TTFT against time and
 one of the requests in flight against time must both have a positive slope whose 95% margin of
 error, relative to the slope, is under 2 (`SlopeChecker.check_slope`: t-critical x standard
 error / slope), with at least 5 points each, and at least half the requests' TTFTs above
-`minimum_ttft` = 2.5 s (GuideLLM returns no alert while `n > violations * 2`). Here the
-series are the window's requests in send order: TTFT of each request that got its first token,
-and, at each request's send time, the requests still waiting for their first token (in a
-closed loop the client's in-flight count is constant by construction; the ones still waiting
-are the server's queue as the client sees it). GuideLLM also waits 30 s before its first
-check; a level's window here is shorter, so there is no minimum duration.
+`minimum_ttft` = 2.5 s (GuideLLM returns no alert while `n > violations * 2`). As in GuideLLM
+the series run from the level's start (its warm-up included) to the window's end: each
+finished request's TTFT at its finish time, and at each request's send time the requests
+still waiting for their first token (GuideLLM counts the client's requests in flight, which a
+closed loop holds constant by construction; the ones still waiting are the server's queue as
+the client sees it). Two differences, both for closed loops: a request still without a first
+token at the window's end counts as a TTFT violation when it had waited over `minimum_ttft`
+(GuideLLM counts finished requests only), and there is no 30 s minimum duration before the
+check (a level here is shorter).
 """
 
 from __future__ import annotations
@@ -96,7 +99,10 @@ def fraction_interval(counts: Sequence[tuple[int, int]]) -> tuple[float, float, 
     fr = [g / n for g, n in counts]
     mean = statistics.fmean(fr)
     half = t_ppf(0.975, len(fr) - 1) * statistics.stdev(fr) / math.sqrt(len(fr))
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
+    # Repeats that agree by chance (all 100%) give a zero-width t interval: never narrower
+    # than Wilson's on the pooled counts.
+    wlo, whi = wilson(sum(g for g, _ in counts), sum(n for _, n in counts))
+    return mean, max(0.0, min(mean - half, wlo)), min(1.0, max(mean + half, whi))
 
 
 def t_ppf(p: float, dof: float) -> float:
@@ -141,26 +147,34 @@ class Saturation:
     why: str
 
 
-def saturation(records: Sequence[RequestRecord], w0: float, w1: float,
+def saturation(records: Sequence[RequestRecord], w1: float,
                min_ttft_s: float = MIN_TTFT_S) -> Saturation:
-    """GuideLLM's over-saturation test over the requests sent in [w0, w1] (level clock)."""
-    sent = sorted((r for r in records if w0 <= r.start <= w1), key=lambda r: r.start)
-    with_ttft = [r for r in sent if r.ttft is not None and r.error is None]
-    slow = sum(1 for r in with_ttft if r.ttft is not None and r.ttft > min_ttft_s)
+    """GuideLLM's over-saturation test over a level from its start to `w1` (level clock)."""
+    sent = sorted((r for r in records if r.start <= w1), key=lambda r: r.start)
+    finished = sorted((r for r in sent if r.ttft is not None and r.error is None
+                       and r.end <= w1), key=lambda r: r.end)
+    # A request still without a first token at w1 waited at least w1 - start: a violation
+    # when that is over the limit (GuideLLM counts finished requests only; here a closed
+    # loop's queue would otherwise hide exactly the requests that waited longest).
+    censored = sum(1 for r in sent if r.ttft is None and r.error is None
+                   and w1 - r.start > min_ttft_s)
+    slow = sum(1 for r in finished if (r.ttft or 0.0) > min_ttft_s) + censored
+    judged = len(finished) + censored
     if len(sent) < MIN_WINDOW:
         return Saturation(False, None, None, f"{len(sent)} requests sent: too few to judge")
-    if len(with_ttft) > 2 * slow:
+    if judged > 2 * slow:
         return Saturation(False, None, None,
-                          f"{slow} of {len(with_ttft)} TTFTs over {min_ttft_s:g} s: under half")
-    firsts = [r.start + r.ttft if r.ttft is not None else math.inf for r in records]
-    waiting = [sum(1 for o, f in zip(records, firsts) if o.start <= r.start < f) for r in sent]
+                          f"{slow} of {judged} TTFTs over {min_ttft_s:g} s: under half")
+    firsts = [r.start + r.ttft if r.ttft is not None else math.inf for r in sent]
+    waiting = [sum(1 for o, f in zip(sent, firsts) if o.start <= r.start < f) for r in sent]
     wait_ok, wait_slope = slope_alert([r.start for r in sent], [float(w) for w in waiting])
-    if len(with_ttft) < MIN_WINDOW:
-        return Saturation(wait_ok, None, wait_slope, "requests waiting for a first token climb"
-                          if wait_ok else "no climb")
-    ttft_ok, ttft_slope = slope_alert([r.start for r in with_ttft],
-                                      [r.ttft or 0.0 for r in with_ttft])
+    if len(finished) < MIN_WINDOW:
+        return Saturation(wait_ok, None, wait_slope,
+                          "requests waiting for a first token climb" if wait_ok else
+                          "no sustained climb")
+    ttft_ok, ttft_slope = slope_alert([r.end for r in finished],
+                                      [r.ttft or 0.0 for r in finished])
     sat = wait_ok and ttft_ok
     why = (f"TTFT climbs {ttft_slope:.3g} s/s and requests waiting for a first token "
-           f"{wait_slope:.3g}/s through the window" if sat else "no sustained climb")
+           f"{wait_slope:.3g}/s over the level" if sat else "no sustained climb")
     return Saturation(sat, ttft_slope, wait_slope, why)

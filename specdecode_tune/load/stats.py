@@ -99,7 +99,7 @@ def summarize(
                      f"changed mid-level (clock throttling?)")
 
     from .slo import saturation   # slo uses this module's percentile
-    sat = saturation(records, plan.warmup_s, plan.warmup_s + window_s) \
+    sat = saturation(records, plan.warmup_s + window_s) \
         if plan.mode == "closed" else None
     if sat is not None and sat.saturated:
         notes.append(f"saturated (GuideLLM's test): {sat.why}")
