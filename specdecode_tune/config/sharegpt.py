@@ -99,7 +99,7 @@ def tokenizer_counter(tokenizer: str | None) -> tuple[Callable[[str], int], str]
         file = Path(tokenizer) / "tokenizer.json" if Path(tokenizer).is_dir() else Path(tokenizer)
         if file.is_file() and file.name == "tokenizer.json":
             try:
-                from tokenizers import Tokenizer   # optional: not a dependency of the package
+                from tokenizers import Tokenizer  # optional: not a dependency of the package
             except ImportError:
                 pass
             else:

@@ -56,9 +56,9 @@ class Slo:
         """Did this (completed, ok) request meet every target?"""
         if self.ttft_s is not None and (r.ttft is None or r.ttft > self.ttft_s):
             return False
-        if self.tpot_s is not None and r.ttft is not None and r.output_tokens > 1:
-            if (r.latency - r.ttft) / (r.output_tokens - 1) > self.tpot_s:
-                return False
+        if self.tpot_s is not None and r.ttft is not None and r.output_tokens > 1 \
+                and (r.latency - r.ttft) / (r.output_tokens - 1) > self.tpot_s:
+            return False
         if self.itl_s is not None and r.chunk_gaps:
             gap = percentile(r.chunk_gaps, self.percentile)
             if gap is not None and gap > self.itl_s:

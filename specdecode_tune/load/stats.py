@@ -98,7 +98,7 @@ def summarize(
                      f"from the first to the second half of the window: the server's speed "
                      f"changed mid-level (clock throttling?)")
 
-    from .slo import saturation   # slo uses this module's percentile
+    from .slo import saturation  # slo uses this module's percentile
     sat = saturation(records, plan.warmup_s + window_s) \
         if plan.mode == "closed" else None
     if sat is not None and sat.saturated:

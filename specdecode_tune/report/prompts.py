@@ -80,10 +80,9 @@ def blocks(data: RunData, acc: dict[str, list[float]] | None = None) -> list[r.B
         v = acc.get(cf.key, [])
         if not v:
             continue
-        rows.append((f"`{data.label(cf.params)}`", str(len(v)),
-                     f"{percentile(v, 10):.2f}", f"{percentile(v, 50):.2f}",
-                     f"{percentile(v, 90):.2f}",
-                     f"{percentile(v, 90) / max(percentile(v, 10) or 1e-9, 1e-9):.2f}x"))
+        p10, p50, p90 = (percentile(v, q) or 0.0 for q in (10, 50, 90))
+        rows.append((f"`{data.label(cf.params)}`", str(len(v)), f"{p10:.2f}", f"{p50:.2f}",
+                     f"{p90:.2f}", f"{p90 / max(p10, 1e-9):.2f}x"))
     if not rows:
         out.append(r.Para("No per-request acceptance: the server gives no verify count per "
                           "request (its acceptance is per level, from its counters)."))
