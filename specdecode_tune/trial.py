@@ -42,6 +42,7 @@ from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .load.slo import Slo, good_requests
+from .load.tokencount import server_lengths
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
@@ -192,6 +193,13 @@ def run_trial(
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
             # vLLM does not report its running limit: then the flag we set is the limit.
             limit = facts.max_running_requests or params.get("max_running_requests")
+            # A sharegpt sample counted again by the server's tokenizer, where it has an
+            # endpoint for it (llama-server, vLLM).
+            lengths = server_lengths_of(exp, backend, srv.base_url)
+            if lengths is not None:
+                facts = dataclasses.replace(facts, extra={
+                    **facts.extra, "sharegpt_counted_by": "server tokenize endpoint",
+                    "sharegpt_prompts": len(lengths)})
             if on_facts is not None:
                 on_facts(facts)
             # GPU telemetry of exactly this trial's GPUs, one window per level (records
@@ -271,7 +279,7 @@ def run_trial(
                                 exp.workload, plans,
                                 warmup_requests=exp.measure.warmup_requests, on_level=record,
                                 headers={**api_headers(exp), **backend.request_headers},
-                                on_level_start=level_start)
+                                on_level_start=level_start, lengths=lengths)
                 except (_ServerGone, _NothingMeasured) as stop:
                     return finish("failed", str(stop), facts)
             if not srv.alive():
@@ -281,6 +289,17 @@ def run_trial(
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
     return finish("ok", "", facts)
+
+
+def server_lengths_of(exp: Experiment, backend: Any, base_url: str
+                      ) -> dict[str, tuple[int, int]] | None:
+    """A sharegpt workload's token counts from the server's tokenize endpoint, where the
+    backend has one (`load.tokencount`); None otherwise, or when it does not answer."""
+    endpoint = getattr(backend, "tokenize", None)
+    if exp.workload.kind != "sharegpt" or endpoint is None:
+        return None
+    return server_lengths(base_url, endpoint, exp.workload.sharegpt_sample(),
+                          headers={**api_headers(exp), **backend.request_headers})
 
 
 def slo_of(exp: Experiment) -> Slo | None:

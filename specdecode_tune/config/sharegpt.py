@@ -24,8 +24,10 @@ The sample (docs/workloads.md says where it follows SGLang and vLLM and where it
 Token counts come from the model's own tokenizer where one is local (a folder holding
 `tokenizer.json`, read with the `tokenizers` package where it is installed), else from a
 stated approximation: 4 characters a token (`APPROX_CHARS_PER_TOKEN`), the usual figure for
-English BPE vocabularies. Which one was used is part of the sample (`Sample.counted_by`); the
-server's own count of each prompt is what the request rows record (`input_tokens`).
+English BPE vocabularies. Which one was used is part of the sample (`Sample.counted_by`).
+Where the server has a tokenize endpoint (llama-server, vLLM), the trial counts the sample
+again with it after boot and the filters are applied to those counts (`load.tokencount`);
+the server's own count of each prompt is what the request rows record (`input_tokens`).
 
 A sample is computed once per (file version, settings) and kept in the cache folder
 (`enginecache.cache_dir()/sharegpt/`), so trials in other processes do not parse 120 MB again.
@@ -57,7 +59,7 @@ DEFAULT_MAX_INPUT = 1024
 DEFAULT_MAX_TOTAL = 2048
 _HUMAN = {"human", "user"}
 _MODEL = {"gpt", "chatgpt", "assistant", "bard", "bing", "model"}
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class SharegptPrompt:
     text: str
     input_len: int        # prompt tokens (by `Sample.counted_by`)
     output_len: int       # the reply's tokens: what the request asks for
+    reply: str = ""       # the reply's text (a server with a tokenize endpoint counts it again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,7 @@ class Sample:
     conversations: int    # whole conversations read from the file
     complete: bool        # the file read to its end (False: it stops inside a record)
     counted_by: str       # "tokenizer <path>" or "approx 4 chars/token"
+    filters: tuple[int, int, int] = (DEFAULT_MIN_LEN, DEFAULT_MAX_INPUT, DEFAULT_MAX_TOTAL)
 
 
 def default_path() -> str:
@@ -154,12 +158,13 @@ def _sample(file: str, mtime_ns: int, size: int, seed: int, n: int, min_len: int
         if n_in < min_len or n_out < min_len or n_in > max_input_len \
                 or n_in + n_out > max_total_len:
             continue
-        out.append(SharegptPrompt(cid, prompt, n_in, n_out))
+        out.append(SharegptPrompt(cid, prompt, n_in, n_out, reply))
     if not out:
         raise ConfigError(f"workload.path {file}: no conversation passes the length filters "
                           f"(min_len {min_len}, max_input_len {max_input_len}, max_total_len "
                           f"{max_total_len}); allowed: wider limits")
-    result = Sample(tuple(out), len(convs), complete, counted_by)
+    result = Sample(tuple(out), len(convs), complete, counted_by,
+                    (min_len, max_input_len, max_total_len))
     _write_cache(key, result)
     return result
 
@@ -225,7 +230,7 @@ def _read_cache(key: str) -> Sample | None:
     try:
         data = json.loads(_cache_file(key).read_text(encoding="utf-8"))
         return Sample(tuple(SharegptPrompt(*p) for p in data["prompts"]), data["conversations"],
-                      data["complete"], data["counted_by"])
+                      data["complete"], data["counted_by"], tuple(data["filters"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -236,9 +241,10 @@ def _write_cache(key: str, s: Sample) -> None:
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({
-            "prompts": [[p.id, p.text, p.input_len, p.output_len] for p in s.prompts],
+            "prompts": [[p.id, p.text, p.input_len, p.output_len, p.reply]
+                        for p in s.prompts],
             "conversations": s.conversations, "complete": s.complete,
-            "counted_by": s.counted_by}), encoding="utf-8")
+            "counted_by": s.counted_by, "filters": list(s.filters)}), encoding="utf-8")
         os.replace(tmp, file)
     except OSError:
         pass    # a cache: without it, each process samples again

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from ..config import Length, WorkloadSpec
@@ -82,8 +82,11 @@ def make_prompts(spec: WorkloadSpec, n: int, stream: int = 0) -> list[Prompt]:
     return list(itertools.islice(iter_prompts(spec, stream), n))
 
 
-def iter_prompts(spec: WorkloadSpec, stream: int = 0) -> Iterator[Prompt]:
-    """An endless, deterministic prompt sequence; with `max_prompts` it cycles over that many."""
+def iter_prompts(spec: WorkloadSpec, stream: int = 0,
+                 lengths: Mapping[str, tuple[int, int]] | None = None) -> Iterator[Prompt]:
+    """An endless, deterministic prompt sequence; with `max_prompts` it cycles over that many.
+    `lengths` (sharegpt: the server's token counts by prompt id, `load.tokencount`) replaces
+    the sample's counts and keeps only the prompts it names."""
     rng = random.Random(_mix(spec.seed, stream))
     if spec.kind == "random":
         gen = _random_prompts(spec, rng)
@@ -91,7 +94,7 @@ def iter_prompts(spec: WorkloadSpec, stream: int = 0) -> Iterator[Prompt]:
             return itertools.cycle(list(itertools.islice(gen, spec.max_prompts)))
         return gen
     if spec.kind == "sharegpt":
-        return _sharegpt_prompts(spec, rng)
+        return _sharegpt_prompts(spec, rng, lengths)
     return _jsonl_prompts(spec, rng)
 
 
@@ -134,13 +137,15 @@ def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
             )
 
 
-def _sharegpt_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
+def _sharegpt_prompts(spec: WorkloadSpec, rng: random.Random,
+                      lengths: Mapping[str, tuple[int, int]] | None) -> Iterator[Prompt]:
     # drawn when the spec was built (and cached on disk for other processes)
-    prompts = spec.sharegpt_sample().prompts
+    prompts = [(p, (p.input_len, p.output_len) if lengths is None else lengths[p.id])
+               for p in spec.sharegpt_sample().prompts if lengths is None or p.id in lengths]
     order = list(range(len(prompts)))
     while True:
         rng.shuffle(order)
         for i in order:
-            p = prompts[i]
-            yield Prompt(p.text, ({"role": "user", "content": p.text},), p.input_len,
-                         p.output_len, float(spec.temperature), spec.ignore_eos, p.id)
+            p, (n_in, n_out) = prompts[i]
+            yield Prompt(p.text, ({"role": "user", "content": p.text},), n_in, n_out,
+                         float(spec.temperature), spec.ignore_eos, p.id)
