@@ -123,3 +123,42 @@ def compare(a: float, b: float, band: float) -> str:
 def pct(log_diff: float) -> str:
     """A log-score difference as a signed percentage: 0.018 -> '+1.8%'."""
     return f"{(math.exp(log_diff) - 1) * 100:+.1f}%"
+
+
+def goodput_s(s: LevelSummary) -> float | None:
+    """Good requests per second of a level's window (those that met every latency target);
+    None where the level was not judged against targets."""
+    if s.slo_good is None or s.duration_s <= 0:
+        return None
+    return s.slo_good / s.duration_s
+
+
+def goodput_score(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],
+                  weights: Mapping[int, float]) -> float | None:
+    """Weighted mean log-ratio of good requests/s over the baseline's (the goodput objective).
+
+    Both sides are floored at half a good request per window, so a level where neither met the
+    targets scores 0 (a tie), and one where only the baseline did scores low but finite."""
+    mine, base = closed_levels(levels), closed_levels(baseline)
+    num = den = 0.0
+    for c, w in weights.items():
+        if w <= 0:
+            continue
+        s, b = mine.get(c), base.get(c)
+        if s is None or b is None:
+            return None
+        g, gb = goodput_s(s), goodput_s(b)
+        if g is None or gb is None:
+            return None
+        floor = 0.5 / max(s.duration_s, b.duration_s)
+        num += w * math.log(max(g, floor) / max(gb, floor))
+        den += w
+    return num / den if den > 0 else None
+
+
+def objective_score(kind: str, levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],
+                    weights: Mapping[int, float]) -> float | None:
+    """The scalar score of an objective kind: goodput's, else the tok/s log-speedup."""
+    if kind == "goodput":
+        return goodput_score(levels, baseline, weights)
+    return scalar_score(levels, baseline, weights)

@@ -34,6 +34,7 @@ class RequestRecord:
     # The server's own words for a failure, where it gave any: "http 400: <its message>", or
     # the message of an error event in a 200 stream; None for failures without words (timeout).
     error_detail: str | None = None
+    prompt_id: str | None = None  # the prompt's id in its source (a ShareGPT conversation id)
 
     @property
     def latency(self) -> float:
@@ -74,6 +75,13 @@ class LevelSummary:
     over_running_limit: bool = False         # concurrency > the server's running limit (queueing)
     suspect: bool = False                    # errors or telemetry flags: keep out of verdicts
     note: str = ""
+    # GuideLLM's over-saturation test on the window's requests (load/slo.py): TTFT and the
+    # requests waiting for their first token both climbing; throughput there is not capacity.
+    saturated: bool = False
+    # goodput objectives (load/slo.py): requests of the window that met every latency target,
+    # of those that completed; None where the objective sets no targets.
+    slo_good: int | None = None
+    slo_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

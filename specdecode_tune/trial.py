@@ -41,6 +41,8 @@ from .backends import get_backend, preflight, refusals
 from .config import Experiment, MeasureConfig, load_experiment
 from .errors import ConfigError, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
+from .load.slo import Slo, good_requests
+from .load.tokencount import server_lengths
 from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
@@ -191,6 +193,13 @@ def run_trial(
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
             # vLLM does not report its running limit: then the flag we set is the limit.
             limit = facts.max_running_requests or params.get("max_running_requests")
+            # A sharegpt sample counted again by the server's tokenizer, where it has an
+            # endpoint for it (llama-server, vLLM).
+            lengths = server_lengths_of(exp, backend, srv.base_url)
+            if lengths is not None:
+                facts = dataclasses.replace(facts, extra={
+                    **facts.extra, "sharegpt_counted_by": "server tokenize endpoint",
+                    "sharegpt_prompts": len(lengths)})
             if on_facts is not None:
                 on_facts(facts)
             # GPU telemetry of exactly this trial's GPUs, one window per level (records
@@ -199,6 +208,7 @@ def run_trial(
                 env.get("CUDA_VISIBLE_DEVICES"), own_pids=lambda: telemetry.server_pids(srv.pid),
                 rules=telemetry.SuspectRules(warmup_s=exp.measure.warmup_s))
             counters: list[Any] = []      # the server's counters when the level started
+            slo = slo_of(exp)
 
             def level_start(_plan: LevelPlan) -> None:
                 sampler.cut()             # the warm-up and the pause between levels: dropped
@@ -239,6 +249,9 @@ def run_trial(
                 summary = dataclasses.replace(
                     summary, over_running_limit=over, note=note,
                     suspect=summary.suspect or summary.errors > 0 or not answering)
+                if slo is not None:
+                    good, total = good_requests(records, slo)
+                    summary = dataclasses.replace(summary, slo_good=good, slo_total=total)
                 results.write_level(ctx.run_dir, ctx.trial_id, summary, records,
                                     params=params, repeat=ctx.repeat)
                 results.write_telemetry(ctx.run_dir, ctx.trial_id, results.level_tag(summary),
@@ -266,7 +279,7 @@ def run_trial(
                                 exp.workload, plans,
                                 warmup_requests=exp.measure.warmup_requests, on_level=record,
                                 headers={**api_headers(exp), **backend.request_headers},
-                                on_level_start=level_start)
+                                on_level_start=level_start, lengths=lengths)
                 except (_ServerGone, _NothingMeasured) as stop:
                     return finish("failed", str(stop), facts)
             if not srv.alive():
@@ -276,6 +289,30 @@ def run_trial(
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
     return finish("ok", "", facts)
+
+
+def server_lengths_of(exp: Experiment, backend: Any, base_url: str
+                      ) -> dict[str, tuple[int, int]] | None:
+    """A sharegpt workload's token counts from the server's tokenize endpoint, where the
+    backend has one (`load.tokencount`); None otherwise, or when it does not answer."""
+    endpoint = getattr(backend, "tokenize", None)
+    if exp.workload.kind != "sharegpt" or endpoint is None:
+        return None
+    return server_lengths(base_url, endpoint, exp.workload.sharegpt_sample(),
+                          headers={**api_headers(exp), **backend.request_headers})
+
+
+def slo_of(exp: Experiment) -> Slo | None:
+    """The goodput objective's latency targets (seconds), or None for other objectives."""
+    o = exp.objective
+    if o.kind != "goodput":
+        return None
+
+    def s(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1000.0
+
+    return Slo(ttft_s=s(o.ttft_ms), tpot_s=s(o.tpot_ms), itl_s=s(o.itl_ms),
+               percentile=o.percentile)
 
 
 def record_trial(ctx: TrialContext, result: TrialResult, *, started_at: float,

@@ -52,6 +52,7 @@ from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
 from .streamformat import StreamFormat
+from .tokenize import VLLM, TokenizeEndpoint
 
 METRICS_PREFIX = "vllm:"
 MODULE = "vllm.entrypoints.openai.api_server"
@@ -104,6 +105,8 @@ class VLLMBackend:
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     # The OpenAI format alone: vLLM's acceptance comes from /metrics, not from the stream.
     stream_format: ClassVar[StreamFormat] = StreamFormat()
+    # POST /tokenize: a ShareGPT sample's lengths in the model's tokens (backends/tokenize.py)
+    tokenize: ClassVar[TokenizeEndpoint | None] = VLLM
 
     def program(self, cfg: BackendConfig) -> str:
         return expand_path(cfg.binary) if cfg.binary else sys.executable

@@ -66,7 +66,8 @@ def experiment_from_dict(data: Mapping[str, Any], *, where: str = "<experiment>"
     description = top.get("description", str, "")
     backend = BackendConfig.from_table(top.sub("backend", required=True), base_dir)
     space = space_from_table(top.sub("space", required=True))
-    workload = WorkloadSpec.from_table(top.sub("workload"), base_dir)
+    workload = WorkloadSpec.from_table(top.sub("workload"), base_dir,
+                                      model_path=backend.model_path)
     measure = MeasureConfig.from_table(top.sub("measure"))
     objective = ObjectiveConfig.from_table(top.sub("objective"), measure)
     search = SearchConfig.from_table(top.sub("search"), space)

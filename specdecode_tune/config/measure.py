@@ -3,7 +3,9 @@
 `[measure]` lists the closed-loop concurrency levels (and optional open-loop request rates) and
 the timing of each level. `[objective]` is read against those levels: a scalar objective weighs
 the levels (keys are measured levels), a Pareto objective names per-level metrics
-`NAME@LEVEL`, each maximised (latencies minimised).
+`NAME@LEVEL`, each maximised (latencies minimised), a goodput objective weighs the levels'
+good requests per second (those that met every latency target: `ttft_ms`, `tpot_ms`,
+`itl_ms` at `percentile`; load/slo.py) against the baseline's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .reader import Table
 
-OBJECTIVE_KINDS = ("scalar", "pareto")
+OBJECTIVE_KINDS = ("scalar", "pareto", "goodput")
 PARETO_METRICS = ("output_tok_s", "requests_s", "ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
 
 
@@ -66,6 +68,11 @@ class ObjectiveConfig:
     kind: str = "scalar"
     weights: dict[int, float] = field(default_factory=dict)   # concurrency -> weight
     metrics: tuple[str, ...] = ()                               # pareto: "output_tok_s@1", ...
+    # goodput: latency targets in milliseconds (None: not checked), the ITL percentile
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: float | None = None
+    percentile: float = 90.0
 
     @classmethod
     def from_table(cls, t: Table, measure: MeasureConfig) -> ObjectiveConfig:
@@ -84,10 +91,25 @@ class ObjectiveConfig:
                                            f"concurrency")
         if kind == "pareto" and len(metrics) < 2:
             raise t.fail("metrics", metrics, "a pareto objective needs at least two metrics")
-        if kind == "scalar" and metrics:
+        if kind != "pareto" and metrics:
             raise t.fail("metrics", metrics, "only used with objective.kind = 'pareto'")
+        targets: dict[str, float | None] = {}
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+            v = t.get(key, (int, float), None)
+            if v is not None and kind != "goodput":
+                raise t.fail(key, v, "only used with objective.kind = 'goodput'")
+            if v is not None and not v > 0:
+                raise t.fail(key, v, "a latency target in milliseconds, > 0")
+            targets[key] = None if v is None else float(v)
+        pct = t.get("percentile", (int, float), 90.0)
+        if not 0 < pct <= 100:
+            raise t.fail("percentile", pct, "a percentile in (0, 100]")
+        if kind == "goodput" and all(v is None for v in targets.values()):
+            raise ConfigError(f"{t.where}: objective.kind = 'goodput' needs at least one "
+                              f"target: ttft_ms, tpot_ms or itl_ms")
         t.done()
-        return cls(kind=kind, weights=weights, metrics=tuple(metrics))
+        return cls(kind=kind, weights=weights, metrics=tuple(metrics), percentile=float(pct),
+                   **targets)
 
 
 def _weights(wt: Table, measure: MeasureConfig) -> dict[int, float]:

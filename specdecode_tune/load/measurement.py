@@ -27,7 +27,7 @@ from .plan import LevelPlan
 from .protocols import Api
 from .scheduler import run_level
 from .tally import RequestState, tally_level
-from .workload import Prompt, WorkloadSpec, iter_prompts, make_prompts
+from .workload import Prompt, WorkloadSpec, iter_prompts
 
 _log = logging.getLogger("specdecode_tune.load")
 
@@ -80,9 +80,12 @@ def measure(
     on_level: Callable[[LevelSummary, list[RequestRecord]], None] | None = None,
     headers: Mapping[str, str] | None = None,
     on_level_start: Callable[[LevelPlan], None] | None = None,
+    lengths: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[tuple[LevelSummary, list[RequestRecord]]]:
     """Warm up, then run each plan in order on one session; call `on_level` after each level
     (and `on_level_start` just before it: the trial snapshots server counters there).
+    `lengths`: a sharegpt workload's token counts by prompt id from the server
+    (`load.tokencount`).
 
     `headers` go on every request (e.g. ``{"Authorization": f"Bearer {key}"}`` from an env var
     the caller reads); they are never logged. `workload_spec` may be any object with
@@ -94,7 +97,7 @@ def measure(
         )
     return asyncio.run(
         _measure(base_url, Api.of(api), workload_spec, plans, warmup_requests, on_level, headers,
-                 on_level_start)
+                 on_level_start, lengths)
     )
 
 
@@ -107,6 +110,7 @@ async def _measure(
     on_level: Callable[[LevelSummary, list[RequestRecord]], None] | None,
     headers: Mapping[str, str] | None,
     on_level_start: Callable[[LevelPlan], None] | None = None,
+    lengths: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[tuple[LevelSummary, list[RequestRecord]]]:
     # Closed loops need one connection per worker; an open loop has no bound on requests in
     # flight, and a connector limit would queue them in the client, so it gets none (0).
@@ -123,11 +127,12 @@ async def _measure(
     async with aiohttp.ClientSession(connector=connector, timeout=session_timeout) as session:
         await warm_up(
             session, base_url, api,
-            make_prompts(spec, warmup_requests, stream=_WARMUP_STREAM), warmup_requests,
+            list(itertools.islice(iter_prompts(spec, _WARMUP_STREAM, lengths), warmup_requests)),
+            warmup_requests,
             headers, timeout_s=warmup_timeout_s,
         )
         for i, plan in enumerate(plans):
-            prompts: Iterator[Prompt] = iter_prompts(spec, stream=i)
+            prompts: Iterator[Prompt] = iter_prompts(spec, stream=i, lengths=lengths)
             if on_level_start is not None:
                 on_level_start(plan)
             summary, records = await run_level(session, base_url, api, prompts, plan, headers)

@@ -98,6 +98,12 @@ def summarize(
                      f"from the first to the second half of the window: the server's speed "
                      f"changed mid-level (clock throttling?)")
 
+    from .slo import saturation  # slo uses this module's percentile
+    sat = saturation(records, plan.warmup_s + window_s) \
+        if plan.mode == "closed" else None
+    if sat is not None and sat.saturated:
+        notes.append(f"saturated (GuideLLM's test): {sat.why}")
+
     tt, tp, it, ee = _p50_90_99(ttft), _p50_90_99(tpot), _p50_90_99(itl), _p50_90_99(e2e)
     return LevelSummary(
         concurrency=plan.level,
@@ -118,6 +124,7 @@ def summarize(
         suspect=errors > 0 or window_s <= 0 or failure is not None or (
             drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT),
         note="; ".join(notes),
+        saturated=bool(sat and sat.saturated),
     )
 
 

@@ -102,6 +102,7 @@ def tally_level(
                 in_window=not st.cancelled and w0 <= end <= window_end,
                 error=None if st.cancelled else st.error,
                 error_detail=None if st.cancelled else st.error_detail,
+                prompt_id=st.prompt.prompt_id,
             )
         )
     return records, round(window_tokens)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from ..config import Length, WorkloadSpec
@@ -72,6 +72,7 @@ class Prompt:
     output_len: int                             # tokens to ask for (max_new_tokens / max_tokens)
     temperature: float = 0.0
     ignore_eos: bool = True
+    prompt_id: str | None = None                # the prompt's id in its source (ShareGPT id)
 
 
 def make_prompts(spec: WorkloadSpec, n: int, stream: int = 0) -> list[Prompt]:
@@ -81,14 +82,19 @@ def make_prompts(spec: WorkloadSpec, n: int, stream: int = 0) -> list[Prompt]:
     return list(itertools.islice(iter_prompts(spec, stream), n))
 
 
-def iter_prompts(spec: WorkloadSpec, stream: int = 0) -> Iterator[Prompt]:
-    """An endless, deterministic prompt sequence; with `max_prompts` it cycles over that many."""
+def iter_prompts(spec: WorkloadSpec, stream: int = 0,
+                 lengths: Mapping[str, tuple[int, int]] | None = None) -> Iterator[Prompt]:
+    """An endless, deterministic prompt sequence; with `max_prompts` it cycles over that many.
+    `lengths` (sharegpt: the server's token counts by prompt id, `load.tokencount`) replaces
+    the sample's counts and keeps only the prompts it names."""
     rng = random.Random(_mix(spec.seed, stream))
     if spec.kind == "random":
         gen = _random_prompts(spec, rng)
         if spec.max_prompts is not None:
             return itertools.cycle(list(itertools.islice(gen, spec.max_prompts)))
         return gen
+    if spec.kind == "sharegpt":
+        return _sharegpt_prompts(spec, rng, lengths)
     return _jsonl_prompts(spec, rng)
 
 
@@ -129,3 +135,17 @@ def _jsonl_prompts(spec: WorkloadSpec, rng: random.Random) -> Iterator[Prompt]:
                 float(spec.temperature),
                 spec.ignore_eos,
             )
+
+
+def _sharegpt_prompts(spec: WorkloadSpec, rng: random.Random,
+                      lengths: Mapping[str, tuple[int, int]] | None) -> Iterator[Prompt]:
+    # drawn when the spec was built (and cached on disk for other processes)
+    prompts = [(p, (p.input_len, p.output_len) if lengths is None else lengths[p.id])
+               for p in spec.sharegpt_sample().prompts if lengths is None or p.id in lengths]
+    order = list(range(len(prompts)))
+    while True:
+        rng.shuffle(order)
+        for i in order:
+            p, (n_in, n_out) = prompts[i]
+            yield Prompt(p.text, ({"role": "user", "content": p.text},), n_in, n_out,
+                         float(spec.temperature), spec.ignore_eos, p.id)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..config import Experiment
 from ..store.rundir import REPORT_DIR, report_dir
-from . import build, figures, recommend, render, verdicts
+from . import build, figures, prompts, recommend, render, slo, verdicts
 from .data import RunData, RunDirError, read_run
 
 
@@ -62,8 +62,18 @@ def write_report_from(data: RunData, out_dir: str) -> ReportOutput:
     sched = recommend.schedule(data)
     axis_verdicts = verdicts.verdicts(data)
     figs = figures.all_figures(data)
+    # The workload's sections (report/slo.py, report/prompts.py): goodput and saturation per
+    # level, per-request acceptance; before the closing definitions.
+    acc = prompts.request_acceptance(data)
+    extra_figs = [*slo.figures(data), *prompts.figures(data, acc)]
     summary = build.summary_lines(data, rec, axis_verdicts, sched)
     blocks = build.blocks(data, rec, axis_verdicts, sched, figs, summary)
+    extra = [*slo.blocks(data), *prompts.blocks(data, acc)]
+    extra += [render.Image(f.name, f.title, f.caption) for f in extra_figs]
+    at = next((i for i, b in enumerate(blocks) if isinstance(b, render.Heading)
+               and b.text == "How the figures are computed"), len(blocks))
+    blocks[at:at] = extra
+    figs = [*figs, *extra_figs]
 
     os.makedirs(out_dir, exist_ok=True)
     fig_paths = [render.write_atomic(os.path.join(out_dir, f.name), f.png) for f in figs]

@@ -294,7 +294,10 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
     out.append(r.Bullets((
         ("Score of a trial: the weighted mean over concurrency levels of log(tok/s / baseline "
          "tok/s at that level), weights from the experiment's objective; 0 is the baseline, "
-         "+0.10 is about +10%."),
+         "+0.10 is about +10%." if exp is None or exp.objective.kind != "goodput" else
+         "Score of a trial: the weighted mean over concurrency levels of log(good requests/s "
+         "/ the baseline's at that level) (goodput objective: see the levels section); 0 is "
+         "the baseline."),
         ("Robust score of a configuration: median - 1.4826 * MAD over its repeats (as vLLM's "
          "tuner ranks); suspect trials (telemetry flags, errors during a level) are left out."),
         ("Noise band: two pooled standard deviations of repeated scores around their medians "

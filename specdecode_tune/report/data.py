@@ -33,7 +33,7 @@ import pyarrow.fs as pafs
 from .. import store
 from ..config import Experiment, experiment_from_dict
 from ..errors import ConfigError, RunDirError
-from ..objective import Robust, noise_band, scalar_score
+from ..objective import Robust, noise_band, objective_score
 from ..records import LevelSummary, ServerFacts
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
 from ..store.files import filesystem as _filesystem
@@ -206,8 +206,10 @@ def _median_levels(trials: Sequence[Trial]) -> list[LevelSummary]:
         for c, s in t.levels.items():
             by_c.setdefault(c, []).append(s)
     for _, ss in sorted(by_c.items()):
+        good = [s.slo_good for s in ss if s.slo_good is not None]
         out.append(dataclasses.replace(ss[0], output_tok_s=statistics.median(
-            s.output_tok_s for s in ss)))
+            s.output_tok_s for s in ss), slo_good=round(statistics.median(good)) if good
+            else None))
     return out
 
 
@@ -269,7 +271,8 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
         if r["trial_id"] == BASELINE_ID or is_baseline(r["params"]):
             score: float | None = 0.0 if r["status"] == "ok" else None
         elif base_levels is not None:
-            score = scalar_score(r["levels"].values(), base_levels, weights) \
+            kind = experiment.objective.kind if experiment is not None else "scalar"
+            score = objective_score(kind, r["levels"].values(), base_levels, weights) \
                 if r["status"] == "ok" else None
         else:
             score = r["table_score"]

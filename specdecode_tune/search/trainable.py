@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import Experiment
-from ..objective import metric_modes, pareto_values, scalar_score
+from ..objective import metric_modes, objective_score, pareto_values
 from ..records import LevelSummary, ServerFacts, TrialResult
 from ..samplers import measured_attr
 from ..store import rundir
@@ -43,7 +43,7 @@ def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSumma
     if exp.objective.kind == "pareto":
         values = pareto_values(result.levels, exp.objective.metrics)
         return values is not None, values
-    score = scalar_score(result.levels, baseline, exp.level_weights())
+    score = objective_score(exp.objective.kind, result.levels, baseline, exp.level_weights())
     return score is not None, score
 
 

@@ -98,8 +98,11 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
 
 
 def request_tokens(exp: Experiment) -> float | None:
-    """Mean KV tokens one request holds (input + output), for random workloads."""
+    """Mean KV tokens one request holds (input + output), for random and ShareGPT workloads."""
     w = exp.workload
+    if w.kind == "sharegpt":
+        ps = w.sharegpt_sample().prompts
+        return sum(p.input_len + p.output_len for p in ps) / len(ps)
     if w.kind != "random":
         return None
 

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from specdecode_tune.sim.promptkind import classify
 from specdecode_tune.sim.scheduler import SimRequest
 
 _WORDS = (
@@ -50,6 +51,7 @@ class GenParams:
     stream: bool
     include_usage: bool = False
     model: str = ""
+    kind: str | None = None        # the prompt's kind (sim/promptkind.py); None: token ids
 
 
 def words(ids: list[int]) -> str:
@@ -108,8 +110,10 @@ def _optional_object(body: dict[str, Any], key: str) -> dict[str, Any]:
 def parse_generate(body: Any, default_max_new_tokens: int) -> GenParams:
     """SGLang native: {"text" | "input_ids", "sampling_params": {...}, "stream"}."""
     body = _object(body, "request body")
+    kind = None
     if "text" in body and body["text"] is not None:
         input_len = _count(body["text"], "text")
+        kind = classify(body["text"]) if isinstance(body["text"], str) else None
     elif "input_ids" in body and body["input_ids"] is not None:
         input_len = _count(body["input_ids"], "input_ids")
     else:
@@ -121,6 +125,7 @@ def parse_generate(body: Any, default_max_new_tokens: int) -> GenParams:
         temperature=_number(sp, "temperature", 1.0, float, 0.0),
         ignore_eos=_flag(sp, "ignore_eos", False),
         stream=_flag(body, "stream", False),
+        kind=kind,
     )
 
 
@@ -136,7 +141,8 @@ def parse_openai(body: Any, chat: bool) -> GenParams:
     else:
         if "prompt" not in body:
             raise BadRequest("prompt is required")
-        input_len = _count(body["prompt"], "prompt")
+        text = body["prompt"]
+        input_len = _count(text, "prompt")
     opts = _optional_object(body, "stream_options")
     limit_key = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
     return GenParams(
@@ -147,6 +153,7 @@ def parse_openai(body: Any, chat: bool) -> GenParams:
         stream=_flag(body, "stream", False),
         include_usage=_flag(opts, "include_usage", False),
         model=str(body.get("model") or ""),
+        kind=classify(text) if isinstance(text, str) else None,
     )
 
 

@@ -100,6 +100,18 @@ class Acceptance:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptKinds:
+    """Optional `[prompt_kinds]`: acceptance factors by prompt kind (sim/promptkind.py)."""
+
+    code: float = field(metadata=_rule(gt=0, le=2))
+    chat: float = field(metadata=_rule(gt=0, le=2))
+    request_sigma: float = field(metadata=_rule(ge=0, lt=1))   # per-request log-normal factor
+
+    def factors(self) -> dict[str, float]:
+        return {"code": self.code, "chat": self.chat}
+
+
+@dataclass(frozen=True, slots=True)
 class Cost:
     """Time of one scheduler iteration, in seconds, at `hardware.tp_size` (see
     `model.step_time`)."""
@@ -166,6 +178,7 @@ class Profile:
     # The target's `architectures[0]` in its config.json: SGLang's start-up rules that depend
     # on the model (a hybrid model's radix-cache refusal, see boot.py); "" = none of those.
     architecture: str = ""
+    prompt_kinds: PromptKinds | None = None   # acceptance by prompt kind; None: one table
 
 
 _SECTIONS: dict[str, type] = {
@@ -180,7 +193,7 @@ _SECTIONS: dict[str, type] = {
     "calibration": Calibration,
 }
 _TOP_KEYS = ("name", "description", "model_path")
-_OPTIONAL_KEYS = ("faults", "architecture")
+_OPTIONAL_KEYS = ("faults", "architecture", "prompt_kinds")
 
 
 def resolve_profile_path(name_or_path: str | Path) -> Path:
@@ -260,8 +273,13 @@ def profile_from_dict(data: dict[str, Any], source: str = "<dict>") -> Profile:
     if not isinstance(architecture, str):
         raise ConfigError(f"{where}: architecture = {architecture!r}: must be a string (the "
                           f"model's config.json architectures[0], e.g. LlamaForCausalLM)")
+    kinds = data.get("prompt_kinds")
+    if kinds is not None and not isinstance(kinds, dict):
+        raise ConfigError(f"{where}: [prompt_kinds] = {kinds!r}: must be a table")
+    prompt_kinds = _build_section(where, "prompt_kinds", PromptKinds, kinds) \
+        if kinds is not None else None
     return Profile(**top, **sections, source=source, faults=tuple(faults),
-                   architecture=architecture)
+                   architecture=architecture, prompt_kinds=prompt_kinds)
 
 
 def _build_section(where: str, section: str, cls: type, table: dict[str, Any]) -> Any:

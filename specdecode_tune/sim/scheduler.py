@@ -34,6 +34,7 @@ from specdecode_tune.sim.boot import Facts
 from specdecode_tune.sim.metrics import Histogram
 from specdecode_tune.sim.model import prefill_time, step_time
 from specdecode_tune.sim.profile import Profile
+from specdecode_tune.sim.promptkind import scaled
 
 DECODE_LOG_INTERVAL = 40   # decode iterations per "log interval" (SGLang's default)
 IDLE_STATS_S = 30.0        # an idle scheduler writes its stats this long after the last write
@@ -114,6 +115,9 @@ class Scheduler:
         self.speed_factor = speed_factor
         self._rng = random.Random(seed)                 # acceptance, EOS, output ids
         self._noise = random.Random(noise_seed)         # per-iteration jitter
+        # per-request acceptance factors by prompt kind: their own stream, so a profile
+        # without [prompt_kinds] draws exactly what it drew before
+        self._kind_rng = random.Random(None if seed is None else seed ^ 0x5EED)
         self._sigma = profile.noise.step_sigma
         self._step_cache: dict[int, float] = {}
         self.waiting: list[SimRequest] = []
@@ -144,7 +148,7 @@ class Scheduler:
         return req
 
     def submit(self, input_len: int, max_new_tokens: int, temperature: float,
-               ignore_eos: bool) -> SimRequest:
+               ignore_eos: bool, kind: str | None = None) -> SimRequest:
         f = self.facts
         if input_len > f.max_req_input_len:
             raise RequestRejected(
@@ -177,13 +181,22 @@ class Scheduler:
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             stop_at=stop_at,
-            probs=f.accept_probs(temperature),
+            probs=self._probs(temperature, kind),
             created=time.perf_counter(),
             histogram=[0] * (len(f.tree_widths) + 1),
         )
         self.waiting.append(req)
         self._wake.set()
         return req
+
+    def _probs(self, temperature: float, kind: str | None) -> tuple[float, ...]:
+        """Conditional acceptance per depth for one request: the facts' table, scaled by the
+        profile's factor for the prompt's kind (sim/promptkind.py)."""
+        probs = self.facts.accept_probs(temperature)
+        pk = self.profile.prompt_kinds
+        if pk is None:
+            return probs
+        return scaled(probs, kind, pk.factors(), pk.request_sigma, self._kind_rng)
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request (client gone): frees its slot and KV. Safe to call more than once."""

@@ -320,7 +320,7 @@ class Routes:
             return _error(400, str(e))
         try:
             req = sched.submit(params.input_len, params.max_new_tokens, params.temperature,
-                               params.ignore_eos)
+                               params.ignore_eos, params.kind)
         except RequestRejected as e:
             if refusal_in_stream and params.stream:
                 refused = web.StreamResponse(headers=SSE_HEADERS)

@@ -37,6 +37,7 @@ def level_from_dict(values: Mapping[str, Any]) -> LevelSummary:
         raise ValueError(f"not LevelSummary fields: {unknown}")
     fields = dict(values)
     fields["accept_histogram"] = tuple(fields.get("accept_histogram") or ())
+    fields["saturated"] = bool(fields.get("saturated") or False)   # null in older files
     return LevelSummary(**fields)
 
 

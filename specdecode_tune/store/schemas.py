@@ -63,6 +63,7 @@ REQUESTS_SCHEMA = _schema(KEY_FIELDS + [
     # Added after schema version 1 was first written: nullable, so that files written before it
     # read back with nulls (read_table reads every file with this schema).
     _f("error_detail", pa.string()),
+    _f("prompt_id", pa.string()),
 ], "requests")
 
 _PERCENTILES = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")]
@@ -83,6 +84,10 @@ LEVELS_SCHEMA = _schema(KEY_FIELDS + PARAM_FIELDS + [
     _f("over_running_limit", pa.bool_(), False),
     _f("suspect", pa.bool_(), False),
     _f("note", pa.string(), False),
+    # Added later, nullable like error_detail: files written before read back with nulls.
+    _f("saturated", pa.bool_()),
+    _f("slo_good", pa.int64()),
+    _f("slo_total", pa.int64()),
 ], "levels")
 
 TRIALS_SCHEMA = _schema(KEY_FIELDS + [

