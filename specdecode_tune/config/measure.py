@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .reader import Table
 
-OBJECTIVE_KINDS = ("scalar", "pareto")
+# "schedule": the search aims at the best config at every level (what a per-batch-size
+# schedule can use), scored as "scalar" for Tune; it ends with the schedule's validation trial.
+OBJECTIVE_KINDS = ("scalar", "pareto", "schedule")
 PARETO_METRICS = ("output_tok_s", "requests_s", "ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
 
 
@@ -84,7 +86,7 @@ class ObjectiveConfig:
                                            f"concurrency")
         if kind == "pareto" and len(metrics) < 2:
             raise t.fail("metrics", metrics, "a pareto objective needs at least two metrics")
-        if kind == "scalar" and metrics:
+        if kind in ("scalar", "schedule") and metrics:
             raise t.fail("metrics", metrics, "only used with objective.kind = 'pareto'")
         t.done()
         return cls(kind=kind, weights=weights, metrics=tuple(metrics))
