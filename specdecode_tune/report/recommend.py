@@ -259,7 +259,11 @@ def schedule(data: RunData) -> Schedule:
     ranges = formats.vllm_ranges(slots)
     vllm = _vllm_config(exp, {**base, STEPS: top})
     vllm["num_speculative_tokens_per_batch_size"] = ranges
-    if exp is not None:
+    if exp is not None and exp.backend.kind == "vllm":
+        # A vLLM experiment: the backend's own command (its flags, its draft mapping).
+        vllm_cmd, _ = get_backend("vllm").schedule_command(  # type: ignore[attr-defined]
+            exp.backend, base, ranges)
+    elif exp is not None:
         args = ["vllm", "serve", exp.backend.model_path,
                 "--tensor-parallel-size", str(exp.backend.tp_size),
                 "--speculative-config", json.dumps(vllm)]

@@ -405,8 +405,10 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     s = schedule(data)
     assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
     assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 10, 5], [11, 11, 3]]
-    assert s.vllm_command is not None and s.vllm_command.endswith(
-        "--gpu-memory-utilization 0.9")
+    # The vLLM backend's own command (its flags as the static launch command has them).
+    assert s.vllm_command is not None and "--gpu-memory-utilization 0.9" in s.vllm_command
+    assert '"num_speculative_tokens":5' in s.vllm_command
+    assert '"num_speculative_tokens_per_batch_size":[[1,10,5],[11,11,3]]' in s.vllm_command
     assert s.sglang_command is None      # not an SGLang experiment: the JSON only
 
 

@@ -29,9 +29,11 @@ def intended(slots: list[tuple[int, int]], batch: int) -> int:
 
 
 def vllm_check(ranges: list[list[int]], num_speculative_tokens: int) -> None:
-    """vLLM's rules for the list (dynamic/utils.py): sorted, not overlapping, starting at 1,
-    each an inclusive [start, end] with start <= end, K >= 0 (and clamped to
-    num_speculative_tokens: a larger K is not what the server runs)."""
+    """vLLM's rules for the list (`dynamic/utils.py` `validate_and_normalize_dynamic_sd_schedule`,
+    commit 14b450ca): 3-item entries, positive ranges with start <= end, sorted and not
+    overlapping, the first starting at 1, K >= 0; `build_dynamic_sd_schedule_lookup` clamps K
+    to num_speculative_tokens, so a larger K is not what the server runs."""
+    assert all(isinstance(e, list) and len(e) == 3 for e in ranges)
     assert ranges[0][0] == 1
     for (_s0, e0, _), (s1, _, _) in zip(ranges, ranges[1:], strict=False):
         assert s1 > e0, "ranges overlap or are not sorted"
