@@ -491,6 +491,8 @@ class SimBackend(SGLangBackend):
             args += ["--profile", cfg.profile]
         if cfg.boot_time_s is not None:
             args += ["--boot-time", _fmt(float(cfg.boot_time_s))]
+        if cfg.engine_version:   # the release to imitate where releases differ (adaptive mode)
+            args += ["--sglang-version", cfg.engine_version]
         return args
 
     def validate(self, cfg: BackendConfig) -> None:

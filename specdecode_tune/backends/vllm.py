@@ -55,9 +55,14 @@ from .streamformat import StreamFormat
 from .tokenize import VLLM, TokenizeEndpoint
 
 METRICS_PREFIX = "vllm:"
+# Dynamic speculative decoding: `[[start, end, K], ...]` in --speculative-config
+# (`vllm/config/speculative.py`, checked by `vllm/v1/spec_decode/dynamic/utils.py`;
+# vllm-project/vllm PR #32374, merged 2026-05; docs/schedule.md section 2).
+PER_BATCH_SIZE = "num_speculative_tokens_per_batch_size"
 MODULE = "vllm.entrypoints.openai.api_server"
 SPEC_CONFIG_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size",
-                    "rejection_sample_method", "synthetic_acceptance_length")
+                    "rejection_sample_method", "synthetic_acceptance_length",
+                    PER_BATCH_SIZE)
 METHOD_ALIASES = {"nextn": "mtp", "standalone": "draft_model", "draft": "draft_model"}
 # vLLM's start-up failures: its check of free GPU memory against --gpu-memory-utilization, the
 # cache-block and max-model-len checks of the KV cache (old and new spellings), and argument
@@ -154,6 +159,13 @@ class VLLMBackend:
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         return shlex.join(["vllm", "serve", cfg.model_path] + self.server_args(cfg, params))
+
+    def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
+                         ranges: list[list[int]]) -> tuple[str | None, str]:
+        """(the launch command of a per-batch-size K schedule, ''): `num_speculative_tokens`
+        is the largest K (vLLM sizes its buffers for it and clamps every range to it)."""
+        top = max(k for _, _, k in ranges)
+        return self.launch_command(cfg, {**params, STEPS: top, PER_BATCH_SIZE: ranges}), ""
 
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         extra: dict[str, Any] = {}

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .reader import Table
 
-OBJECTIVE_KINDS = ("scalar", "pareto", "goodput")
+# "schedule": the search aims at the best config at every level (what a per-batch-size
+# schedule can use), scored as "scalar" for Tune; it ends with the schedule's validation trial.
+# "goodput": requests/s that met every latency target (load/slo.py).
+OBJECTIVE_KINDS = ("scalar", "pareto", "goodput", "schedule")
 PARETO_METRICS = ("output_tok_s", "requests_s", "ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
 
 

@@ -11,6 +11,7 @@ report is for a person at this machine):
     *.png                        figures (matplotlib Agg, no display)
     sglang-adaptive-config.json  the per-level schedule in SGLang's adaptive-config format
     vllm-speculative-config.json the same as vLLM's --speculative-config
+    trtllm-draft-len-schedule.json the same as TensorRT-LLM's draft_len_schedule (where it fits)
 
 Modules: `data` (run dir -> trials, configs, baseline, noise band), `verdicts` (plateau / peak /
 escape in words), `recommend` (best config, command, schedule and its formats), `figures`,
@@ -86,6 +87,10 @@ def write_report_from(data: RunData, out_dir: str) -> ReportOutput:
         sched_paths.append(render.write_atomic(
             os.path.join(out_dir, recommend.VLLM_SCHEDULE_FILE),
             recommend.schedule_json(sched.vllm) + "\n"))
+    if sched.trtllm is not None:
+        sched_paths.append(render.write_atomic(
+            os.path.join(out_dir, recommend.TRTLLM_SCHEDULE_FILE),
+            recommend.schedule_json({"draft_len_schedule": sched.trtllm}) + "\n"))
     md = render.write_atomic(os.path.join(out_dir, "report.md"), render.to_markdown(blocks))
     html_path = render.write_atomic(
         os.path.join(out_dir, "report.html"),

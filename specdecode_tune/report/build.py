@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from ..objective import pct
 from ..space import STEPS
 from . import render as r
+from . import validation
 from .data import RunData, band_pct, fmt_value
 from .figures import Figure
 from .recommend import (
     SGLANG_SCHEDULE_FILE,
+    TRTLLM_SCHEDULE_FILE,
     VLLM_SCHEDULE_FILE,
     Recommendation,
     Schedule,
@@ -111,6 +113,10 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     lines.append(sure + (f"; {ru}." if ru else "."))
     if sched.chain:
         lines.append(f"Per-level schedule: {schedule_line(data, sched)}.")
+        checked = validation.validate(data, sched.slots)
+        lines.append(checked.why if checked is not None else
+                     "The schedule was not validated (no boot of it ran: objective.kind = "
+                     "\"schedule\" does that); recommended: the static config.")
     lines.append(f"Trials: {_counts(data)}.")
     return lines
 
@@ -143,6 +149,36 @@ def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
     return out
 
 
+def _validation_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
+    out: list[r.Block] = [r.Heading(3, "Validation: the schedule on one server")]
+    v = validation.validate(data, sched.slots)
+    if v is None:
+        return out + [r.Para("No validation trial: the per-level figures above come from a "
+                             "boot per config, not from one server running the schedule. "
+                             "Run the search with objective.kind = \"schedule\" to boot it "
+                             "once; until then the static config is the recommendation.")]
+    head, rows = validation.table(data, v)
+    t = v.trial
+    out.append(r.Para(
+        f"Trial `{t.trial_id}` (a row of the trials table, sampler \"schedule\", with its "
+        f"levels) booted the emitted schedule once"
+        + (f" (running limit {t.facts.max_running_requests})"
+           if t.facts.max_running_requests else "")
+        + ". Per level: the schedule against the best static config, the best config measured "
+          "for that level alone, and its own tier (the static chain with the steps it runs "
+          "there; below it beyond noise is a threshold collapse); the last column is the mode's "
+          "own cost, the static config's steps in every slot against the static server. "
+          "Verdicts use each level's noise band."))
+    out.append(r.Table(head, rows))
+    collapses = [k.c for k in v.checks if k.collapse]
+    if collapses:
+        out.append(r.Para("Threshold collapse at " + ", ".join(f"C={c}" for c in collapses)
+                          + ": the schedule runs below the static server with the same steps, "
+                            "beyond noise."))
+    out.append(r.Para(v.why))
+    return out
+
+
 def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
     out: list[r.Block] = [r.Heading(2, "Per-concurrency schedule")]
     if not sched.entries:
@@ -166,6 +202,7 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
                         "emitted"), tuple(rows)))
     if sched.notes:
         out.append(r.Bullets(sched.notes))
+    out += _validation_blocks(data, sched)
     out.append(r.Heading(3, "SGLang: --speculative-adaptive-config"))
     if sched.sglang is None:
         out.append(r.Para("Nothing to emit (see the notes above)."))
@@ -196,6 +233,19 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
         out.append(r.Code(schedule_json(sched.vllm), "json"))
         if sched.vllm_command:
             out.append(r.Code(sched.vllm_command, "sh"))
+    out.append(r.Heading(3, "TensorRT-LLM: draft_len_schedule"))
+    if sched.trtllm is None:
+        out.append(r.Para("Nothing to emit" + (" (TensorRT-LLM needs batch 1 to draft the "
+                                               "most; see the notes above)." if sched.slots
+                                               else " (see the notes above).")))
+    else:
+        out.append(r.Para(
+            f"A field of the speculative config (written as `{TRTLLM_SCHEDULE_FILE}`): batch "
+            f"size -> draft length, a batch taking the first key >= it and 0 (no speculation) "
+            f"past the last key, which is the schedule server's running limit here; key 1 "
+            f"equals max_draft_len. As read in NVIDIA/TensorRT-LLM `llmapi/llm_args.py` and "
+            f"`_torch/speculative/utils.py` `get_draft_len_for_batch_size`."))
+        out.append(r.Code(schedule_json({"draft_len_schedule": sched.trtllm}), "json"))
     return out
 
 

@@ -40,6 +40,10 @@ from ..store.files import filesystem as _filesystem
 from ..store.rundir import EXPERIMENT_FILE, experiment_file
 
 BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
+# The search's validation trials of an emitted schedule (search/validate.py): the schedule
+# server, and the same mode with one steps everywhere (the cost of the mode itself). They are
+# not static configurations: kept out of `configs`, in `schedule_trials`.
+SCHEDULE_IDS = ("schedule", "schedule-same")
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
@@ -139,6 +143,12 @@ class RunData:
     shown: tuple[str, ...] = ()       # parameters a label shows (searched or varying)
     name: str = ""
     extra_notes: tuple[str, ...] = field(default=())
+    schedule_trials: tuple[Trial, ...] = ()   # the validation trials, by SCHEDULE_IDS
+
+    def schedule_trial(self, trial_id: str) -> Trial | None:
+        """The last validation trial of that id that measured every level."""
+        found = [t for t in self.schedule_trials if t.trial_id == trial_id]
+        return found[-1] if found else None
 
     @property
     def band_measured(self) -> bool:
@@ -284,7 +294,7 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                           trials=tuple(base_trials), robust=Robust.of([0.0] * len(base_trials)))
     groups: dict[str, list[Trial]] = {}
     for t in trials:
-        if t.usable and not t.baseline:
+        if t.usable and not t.baseline and t.trial_id not in SCHEDULE_IDS:
             groups.setdefault(t.config_key, []).append(t)
     configs = [Config(key=k, params=dict(ts[0].params), trials=tuple(ts),
                       robust=Robust.of([t.score for t in ts if t.score is not None]))
@@ -310,7 +320,8 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                    band_dof=dof, level_bands=level_bands, axes=_axes(configs, experiment),
                    shown=_shown(configs, experiment),
                    name=experiment.name if experiment is not None
-                   else os.path.basename(run_dir.rstrip("/")))
+                   else os.path.basename(run_dir.rstrip("/")),
+                   schedule_trials=tuple(t for t in trials if t.trial_id in SCHEDULE_IDS))
 
 
 def _num(value: Any) -> float:

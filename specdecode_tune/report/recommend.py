@@ -47,10 +47,12 @@ from ..backends.sglang import SGLangBackend
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK
+from . import formats
 from .data import Config, RunData, band_pct, describe, fmt_value
 
 SGLANG_SCHEDULE_FILE = "sglang-adaptive-config.json"
 VLLM_SCHEDULE_FILE = "vllm-speculative-config.json"
+TRTLLM_SCHEDULE_FILE = "trtllm-draft-len-schedule.json"
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class Schedule:
     vllm: dict[str, Any] | None      # the --speculative-config JSON
     vllm_command: str | None
     notes: tuple[str, ...]
+    slots: tuple[tuple[int, int], ...] = ()   # (running batch where it starts, steps)
+    trtllm: dict[int, int] | None = None     # TensorRT-LLM's draft_len_schedule
+    params: dict[str, Any] | None = None     # the schedule server's settings but the file
 
 
 def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
@@ -232,7 +237,13 @@ def schedule(data: RunData) -> Schedule:
         + (f" (max_running_requests {mrr:.0f} measured there)" if mrr else "")
         + ": measure the schedule once before relying on the per-level figures.")
 
-    sglang = {str(e.c): {"candidate_steps": [e.steps]} for e in chain}
+    slots, merged = schedule_slots(chain, int(mrr) if mrr else None)
+    if merged:
+        notes.append(merged)
+    sglang = formats.sglang_config(slots)
+    trtllm, trt_why = formats.trtllm_schedule(slots, int(mrr) if mrr else slots[-1][0])
+    if trt_why:
+        notes.append(trt_why)
     exp = data.experiment
     sglang_cmd = vllm_cmd = None
     first = next(e.steps for e in chain if e.steps > 0)
@@ -245,13 +256,14 @@ def schedule(data: RunData) -> Schedule:
         if why:
             notes.append(why)
 
-    ranges = []
-    for i, e in enumerate(chain):
-        end = chain[i + 1].c - 1 if i + 1 < len(chain) else e.c
-        ranges.append([1 if i == 0 else e.c, end, e.steps])
+    ranges = formats.vllm_ranges(slots)
     vllm = _vllm_config(exp, {**base, STEPS: top})
     vllm["num_speculative_tokens_per_batch_size"] = ranges
-    if exp is not None:
+    if exp is not None and exp.backend.kind == "vllm":
+        # A vLLM experiment: the backend's own command (its flags, its draft mapping).
+        vllm_cmd, _ = get_backend("vllm").schedule_command(  # type: ignore[attr-defined]
+            exp.backend, base, ranges)
+    elif exp is not None:
         args = ["vllm", "serve", exp.backend.model_path,
                 "--tensor-parallel-size", str(exp.backend.tp_size),
                 "--speculative-config", json.dumps(vllm)]
@@ -259,7 +271,29 @@ def schedule(data: RunData) -> Schedule:
             # For a vLLM experiment the searched fraction is vLLM's own flag.
             args += ["--gpu-memory-utilization", fmt_value(float(base[MEM]))]
         vllm_cmd = shlex.join(args)
-    return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes))
+    return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
+                    slots=tuple(slots), trtllm=trtllm, params=params)
+
+
+def schedule_slots(chain: tuple[Entry, ...], limit: int | None
+                   ) -> tuple[list[tuple[int, int]], str]:
+    """(slots, a note where levels merged): each level's steps start at its running batch,
+    min(C, the schedule server's running limit), since the engines route by the batch the
+    server runs, not by the clients' concurrency; the first slot starts at 1. Levels whose
+    running batch is the same share one slot: the higher level's steps, said in the note."""
+    slots: list[tuple[int, int]] = []
+    merged: list[str] = []
+    for e in chain:
+        start = 1 if not slots else (min(e.c, limit) if limit else e.c)
+        if slots and start <= slots[-1][0]:
+            merged.append(f"C={e.c}")
+            slots[-1] = (slots[-1][0], e.steps)
+            continue
+        slots.append((start, e.steps))
+    note = (f"{', '.join(merged)} run(s) the same batch as the level below "
+            f"(the running limit {limit}): one slot, the higher level's steps."
+            if merged else "")
+    return slots, note
 
 
 def _vllm_config(exp: Experiment | None, params: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +354,7 @@ def runner_up_line(data: RunData, r: Recommendation) -> str | None:
 
 __all__ = [
     "SGLANG_SCHEDULE_FILE",
+    "TRTLLM_SCHEDULE_FILE",
     "VLLM_SCHEDULE_FILE",
     "Entry",
     "LevelRow",

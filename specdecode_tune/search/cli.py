@@ -45,8 +45,9 @@ from .leftovers import (
 from .preflight import RunPlan, plan_run
 from .progress import say
 from .ray_cluster import check_gpus, dashboard_lines, start_ray
-from .summary import print_summary
+from .summary import print_summary, stopped_early
 from .tuner import build_tuner, can_resume, keep_experiment, move_aside
+from .validate import run_validation
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
 # Where the default experiment lives when the command runs outside the project's root.
@@ -206,6 +207,9 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
     # "feasible") was cut. It is an interruption, not a finished search.
     if any(r.error is None and "feasible" not in (r.metrics or {}) for r in grid):
         raise KeyboardInterrupt
+    if exp.objective.kind == "schedule" and not stopped_early(plan):
+        # The emitted schedule booted once, every level measured (search/validate.py).
+        run_validation(plan)
     stopped = print_summary(plan, time.monotonic() - t0)
     if stopped:
         print(f"error: {stopped}; fix that, then start over with --fresh", file=sys.stderr)

@@ -32,5 +32,6 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
         return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
     if name == "model":
         from ..samplers import ModelGuidedSampler
-        return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed)
+        return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed,
+                                  per_level=exp.objective.kind == "schedule")
     raise ConfigError(f"--sampler {name!r}: must be one of {', '.join(SAMPLERS)}")

@@ -35,7 +35,7 @@ def stopped_early(plan: RunPlan) -> str | None:
     distinct configs failing with the same reason), or None. The rule is replayed over the
     trials table in the order the trials finished, so a resumed run that stops says so too."""
     rows = [r for r in read_table(plan.run_dir, "trials").to_pylist()
-            if r["trial_id"] != BASELINE_ID]
+            if r["trial_id"] not in (BASELINE_ID, "schedule", "schedule-same")]
     rows.sort(key=lambda r: (r["finished_at"] is None, r["finished_at"]))
     streak = FailureStreak()
     for r in rows:

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from aiohttp import web
 
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.sim.arguments import StartupError, normalize_params
+from specdecode_tune.sim.arguments import EMULATED_VERSION, StartupError, normalize_params
 from specdecode_tune.sim.faults import FaultInjector, parse_fault, parse_faults
 from specdecode_tune.sim.profile import DEFAULT_PROFILE, Profile, load_profile
 from specdecode_tune.sim.server import InjectedCrash, SimServer, make_app
@@ -70,6 +70,14 @@ def build_parser(cls: type[argparse.ArgumentParser] = argparse.ArgumentParser
         p.add_argument(flag, type=int, default=None, help="accepted and ignored")
     p.add_argument("--speculative-ngram-match-type", choices=("BFS", "PROB"), default=None,
                    help="accepted and ignored")
+    p.add_argument("--speculative-adaptive", action="store_true", default=None,
+                   help="SGLang's adaptive mode (per-batch-size steps, topk 1); needs "
+                        "--sglang-version >= 0.5.13, as SGLang (see sim/adaptive.py)")
+    p.add_argument("--speculative-adaptive-config", default=None, metavar="PATH",
+                   help="the adaptive mode's JSON: {\"BS\": {\"candidate_steps\": [S]}, ...}")
+    p.add_argument("--sglang-version", default=EMULATED_VERSION,
+                   help=f"the SGLang release to imitate where releases differ (default "
+                        f"{EMULATED_VERSION}); the adaptive flags need >= 0.5.13")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)

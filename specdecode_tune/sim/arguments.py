@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdecode_tune.errors import SpecTuneError
+from specdecode_tune.sim import adaptive
 from specdecode_tune.sim.profile import Profile
 
 # SGLang 0.5.10's --speculative-algorithm choices. NEXTN runs as EAGLE. NGRAM drafts from an
@@ -23,6 +24,9 @@ SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 NGRAM_DEFAULT_DRAFT_TOKENS = 12       # SGLang's default for NGRAM
 NGRAM_DEFAULT_MAX_BFS_BREADTH = 10    # --speculative-ngram-max-bfs-breadth, NGRAM's topk
 STARTUP_KINDS = ("invalid_args", "kv_memory", "oom", "crashed")
+# The SGLang release the simulator imitates unless `--sglang-version` says another (the
+# backends' DEFAULT_VERSION; a test holds the two equal). Only the adaptive mode depends on it.
+EMULATED_VERSION = "0.5.10.post1"
 SPEC_DEFAULT_MAX_RUNNING = 48     # SGLang's running cap with speculation and no flag
 # Hybrid (linear-attention / mamba) architectures whose radix cache SGLang 0.5.10.post1 refuses
 # to combine with speculation under the default --mamba-scheduler-strategy no_buffer
@@ -85,6 +89,8 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
     d = profile.defaults
     warnings: list[str] = []
     out = dict(params)
+    version = str(params.get("sglang_version") or EMULATED_VERSION)
+    _adaptive_flags_known(params, version)
     algo = params.get("speculative_algorithm")
     algo = None if algo in (None, "", "NONE", "None") else str(algo)
     if algo is not None and algo not in SPEC_ALGORITHMS:
@@ -129,7 +135,65 @@ def normalize_params(profile: Profile, params: Mapping[str, Any]
         max_running_requests=running,
         disable_radix_cache=bool(params.get("disable_radix_cache")),
     )
+    if out.get("speculative_adaptive"):
+        out.update(_adaptive_numbers(out, warnings))
     return out, tuple(warnings)
+
+
+def _adaptive_flags_known(params: Mapping[str, Any], version: str) -> None:
+    """argparse's refusal of the adaptive flags where the emulated release has none; the
+    flat-object config of 0.5.11 and 0.5.12 is not imitated (refused, saying so)."""
+    given = [f"--{k.replace('_', '-')}" for k in ("speculative_adaptive",
+                                                  "speculative_adaptive_config")
+             if params.get(k) not in (None, False)]
+    if not given:
+        return
+    key = adaptive.release_key(version)
+    if key < adaptive.ADAPTIVE_FLAGS_SINCE:
+        raise StartupError("invalid_args",
+                           f"error: unrecognized arguments: {' '.join(given)} (SGLang "
+                           f"{version} has no adaptive mode; it comes in 0.5.11)")
+    if key < adaptive.ADAPTIVE_PER_BATCH_SIZE_SINCE:
+        raise StartupError("invalid_args",
+                           f"error: SGLang {version} reads --speculative-adaptive-config as "
+                           f"one flat object; the simulator imitates the per-batch-size "
+                           f"format of SGLang >= 0.5.13 only (--sglang-version)")
+
+
+def _adaptive_numbers(args: Mapping[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """SGLang's `_maybe_disable_adaptive` then `_init_adaptive_speculative_params`: the mode
+    off (with SGLang's warning) where it is unsupported, else the schedule loaded, the steps
+    checked against its candidates and draft tokens = steps + 1."""
+    algo, topk = args["speculative_algorithm"], args["speculative_eagle_topk"]
+    why = adaptive.unsupported_reason(algo, topk)
+    if why is not None:
+        warnings.append(f"speculative_adaptive disabled: {why}. Falling back to static "
+                        f"speculative params.")
+        return {"speculative_adaptive": False, "adaptive_schedule": None}
+    path = args.get("speculative_adaptive_config")
+    if not path:
+        raise StartupError("invalid_args",
+                           "error: --speculative-adaptive without --speculative-adaptive-config"
+                           ": the simulator has no copy of SGLang's built-in EMA config")
+    try:
+        sched = adaptive.load_schedule(str(path), int(args["cuda_graph_max_bs"]))
+    except adaptive.AdaptiveConfigError as e:
+        raise StartupError("invalid_args", f"ValueError: {e}",
+                           raised_in=("sglang/srt/speculative/adaptive_spec_params.py", 0,
+                                      "_load_adaptive_config")) from None
+    cands = list(sched.candidate_steps)
+    steps = args["speculative_num_steps"]
+    if steps is None:
+        steps = cands[len(cands) // 2]
+    if steps not in cands:
+        raise StartupError(
+            "invalid_args",
+            f"ValueError: --speculative-num-steps={steps} is not in the adaptive config "
+            f"candidate_steps {cands}. Pass one of those values.",
+            raised_in=("sglang/srt/arg_groups/speculative_hook.py", 0,
+                       "_init_adaptive_speculative_params"))
+    return {"speculative_num_steps": steps, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": steps + 1, "adaptive_schedule": sched}
 
 
 def _running_flag(params: Mapping[str, Any], algo: str | None, warnings: list[str]

@@ -38,11 +38,13 @@ memory checks, with SGLang's message). NGRAM builds its tree otherwise and is no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from specdecode_tune.sim.adaptive import Schedule
 from specdecode_tune.sim.arguments import StartupError, normalize_params
 from specdecode_tune.sim.profile import Profile
 
@@ -86,6 +88,17 @@ class Facts:
     reserved_bytes: int            # per GPU, in-pool buffers
     headroom_bytes: int            # per GPU, available outside the pool
     headroom_need_bytes: int       # per GPU, needed outside the pool
+    # SGLang's adaptive mode (a per-batch-size steps schedule, topk = 1): num_steps and
+    # draft_tokens above are the largest candidate's (what the buffers are sized for); each
+    # decode batch runs the steps its slot names (`shape`).
+    adaptive: Schedule | None = None
+
+    def shape(self, batch: float) -> tuple[int, int, bool]:
+        """(steps, tokens verified per request, drafting) of a decode batch of `batch`."""
+        if self.adaptive is None:
+            return self.num_steps, self.draft_tokens, self.speculative
+        s = self.adaptive.steps_for_batch(max(1, int(math.ceil(batch - 1e-9))))
+        return s, s + 1, s > 0
 
     def accept_probs(self, temperature: float) -> tuple[float, ...]:
         return self.accept_sampled if temperature > 0 else self.accept_greedy
@@ -97,6 +110,7 @@ class Facts:
 def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     """The server's facts after start-up, or StartupError as SGLang would fail."""
     args, warnings = normalize_params(profile, params)
+    sched: Schedule | None = args.pop("adaptive_schedule", None)
     m, hw = profile.memory, profile.hardware
     spec = args["speculative_algorithm"] is not None
     ngram = args["speculative_algorithm"] == "NGRAM"
@@ -105,6 +119,8 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     n = args["speculative_num_draft_tokens"] or 1
     # NGRAM's trie paths may run as deep as its draft tokens; the EAGLE tree is `steps` deep.
     steps = n - 1 if ngram else args["speculative_num_steps"] or 0
+    if sched is not None:     # the deepest candidate: the acceptance tables and histogram
+        steps, n = sched.max_steps, sched.max_steps + 1
     tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
 
     gpu = hw.gpu_memory_bytes
@@ -124,7 +140,15 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             f"{m.request_reserve_tokens})",
         )
     headroom = (1 - frac) * gpu
-    need = m.headroom_fixed_bytes + m.headroom_bytes_per_graph_token * gbs * n
+    if sched is None:
+        need = m.headroom_fixed_bytes + m.headroom_bytes_per_graph_token * gbs * n
+    else:
+        # Buffers (and so the KV pool above) sized for the largest candidate, n; one runtime
+        # state per candidate, its CUDA graphs for the graph batch sizes that route to it
+        # (SGLang's `cuda_graph_bs_for_step`), each as large as a static server's would be.
+        need = m.headroom_fixed_bytes + sum(
+            m.headroom_bytes_per_graph_token * max(bs) * (s + 1)
+            for s in sched.candidate_steps if (bs := sched.graph_bs_for_step(s)))
     if headroom < need:
         raise StartupError(
             "oom",
@@ -175,6 +199,7 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
         reserved_bytes=int(reserved),
         headroom_bytes=int(headroom),
         headroom_need_bytes=int(need),
+        adaptive=sched,
     )
 
 

@@ -132,15 +132,16 @@ def step_time(profile: Profile, facts: Facts, batch: float) -> float:
         return 0.0
     c = profile.cost
     scale = _scale(profile, facts)
-    m = batch * facts.draft_tokens
+    num_steps, draft_tokens, speculative = facts.shape(batch)
+    m = batch * draft_tokens
     m_pad = math.ceil(m / c.verify_token_tile - 1e-9) * c.verify_token_tile
     t = c.decode_fixed_s + scale * (
         c.verify_moe_s * (1.0 - (1.0 - c.moe_route_fraction) ** m) + c.verify_per_token_s * m_pad
     )
-    if facts.speculative:
+    if speculative:
         t += c.spec_fixed_s
     if facts.draft_model:
-        t += facts.num_steps * (
+        t += num_steps * (
             c.draft_step_fixed_s + scale * c.draft_step_per_token_s * batch * facts.topk
         )
     if batch > facts.cuda_graph_max_bs:
@@ -193,7 +194,10 @@ def predict_facts(profile: Profile, facts: Facts, concurrency: int,
     cap = min(facts.max_running_requests, facts.max_total_num_tokens // per_request_kv)
     running = min(concurrency, cap)
     queued = concurrency - running
-    mean, second = accept_moments(facts.accept_probs(workload.temperature))
+    probs = facts.accept_probs(workload.temperature)
+    if facts.adaptive is not None:     # the steps of the running batch's slot
+        probs = probs[:facts.shape(running)[0]]
+    mean, second = accept_moments(probs)
     steps = expected_steps(workload.output_len - 1, mean, second)
     t_pf = prefill_time(profile, facts, workload.input_len)
     # Without a queue, a replacement request misses the step during which it arrives.

@@ -337,9 +337,12 @@ class Scheduler:
         now = time.perf_counter()
         produced = 0
         live = [r for r in batch if not r.aborted and not r.finished]
+        # Adaptive mode: the whole batch runs the steps of its size's slot (SGLang routes the
+        # batch before its draft phase); the step time follows the same slot (model.step_time).
+        depth = self.facts.shape(len(batch))[0] if self.facts.adaptive is not None else None
         for req in live:
             accepted = 0
-            for q in req.probs:
+            for q in (req.probs if depth is None else req.probs[:depth]):
                 if rand() >= q:
                     break
                 accepted += 1

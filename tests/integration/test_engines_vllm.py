@@ -80,9 +80,13 @@ def servers(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
             stream_completion(srv.base_url, "warm up the compiled graphs", 16)
         return started[steps]
 
+    def stop_all() -> None:
+        for srv in started.values():
+            srv.stop()
+
+    get.stop_all = stop_all  # type: ignore[attr-defined]
     yield get
-    for srv in started.values():
-        srv.stop()
+    stop_all()
 
 
 def stream_completion(base_url: str, prompt: str, n: int) -> dict[str, Any]:
@@ -178,3 +182,56 @@ def test_draft_length_changes_throughput(servers: Any) -> None:
     # was seen on 2 cores
     print(f"decode rate, best of 6: K={K} {result[K][0]:.0f} vs baseline {result[0][0]:.0f} tok/s")
     assert result[K][0] > 1.2 * result[0][0], result
+
+
+PER_BATCH_SIZE_PROBE = (
+    "from vllm.config import SpeculativeConfig as S; import vllm; "
+    "f = getattr(S, '__dataclass_fields__', None) or getattr(S, 'model_fields', {}); "
+    "print(vllm.__version__, 'num_speculative_tokens_per_batch_size' in f)")
+
+
+def test_a_per_batch_size_schedule_validation_trial(servers: Any, model: Path,
+                                                    tmp_path: Path) -> None:
+    """One real validation trial of a schedule (docs/schedule.md section 2): K drafts at batch
+    1 and none at batches 2-4, booted once and measured at C=1 and C=4: the drafts follow the
+    batch."""
+    out = subprocess.run([str(VLLM_PY), "-c", PER_BATCH_SIZE_PROBE], capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    version, has = out.stdout.split()
+    if has != "True":
+        pytest.skip(f"vLLM {version} has no num_speculative_tokens_per_batch_size: it comes "
+                    f"with vllm-project/vllm PR #32374 (merged 2026-05; 0.27.1 has it)")
+    servers.stop_all()                      # one server at a time: 2 cores
+    b = get_backend("vllm")
+    cfg = cfg_for(model, tmp_path)
+    params = resolve({"speculative_num_steps": K}, cfg.flags)
+    params["num_speculative_tokens_per_batch_size"] = [[1, 1, K], [2, 4, 0]]
+    srv = ServerProcess(b.argv(cfg, params, "{port}"), env=b.env(cfg, run_dir=str(tmp_path)),
+                        health_path=b.health_path, boot_timeout_s=cfg.boot_timeout_s,
+                        log_path=tmp_path / "server-schedule.log", term_grace_s=20)
+    with srv:
+        stream_completion(srv.base_url, "warm up the compiled graphs", 16)
+        ratio = {}
+        for c in (1, 4):
+            before = b.metrics_snapshot(srv.base_url)
+            [(summary, _)] = measure(
+                srv.base_url, "completions", WorkloadSpec(input_len=48, output_len=N_OUT),
+                [LevelPlan(concurrency=c, warmup_s=0.5, duration_s=4.0,
+                           request_timeout_s=60)],
+                warmup_requests=1, headers=b.request_headers)
+            after = b.metrics_snapshot(srv.base_url)
+            assert summary.errors == 0 and summary.output_tok_s > 0
+            assert before is not None and after is not None
+
+            def delta(name: str, a: Any = after, z: Any = before) -> float:
+                return a.get(PREFIX + name, 0.0) - z.get(PREFIX + name, 0.0)
+
+            ratio[c] = delta("spec_decode_num_draft_tokens_total") / \
+                max(delta("generation_tokens_total"), 1.0)
+            print(f"C={c}: {summary.output_tok_s:.0f} tok/s, draft tokens per generated "
+                  f"token {ratio[c]:.2f}")
+    # Batch 1 drafts K tokens a step; batches of 2-4 draft none (a batch shrinks to 1 only
+    # while a finished request's replacement waits for its prefill).
+    assert ratio[1] > 0.5
+    assert ratio[4] < 0.5 * ratio[1], ratio

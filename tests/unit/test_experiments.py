@@ -81,9 +81,19 @@ def test_sglang_servers_are_sized_for_the_highest_concurrency(path: Path) -> Non
         assert int(flag(argv, "--max-running-requests")) >= top
 
 
-@pytest.mark.parametrize("path", [p for p in EXPERIMENTS
-                                  if load_experiment(p).backend.kind in ("sglang", "sim")],
-                         ids=lambda p: p.name)
+def _hybrid(path: Path) -> bool:
+    """An SGLang experiment, or a simulator one whose profile is a hybrid model (the seed's);
+    a simulator profile of another model (bench-schedule: dense) has no radix-cache rule."""
+    from specdecode_tune.sim.arguments import RADIX_SPEC_REFUSED
+    from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
+    exp = load_experiment(path)
+    if exp.backend.kind == "sglang":
+        return True
+    return exp.backend.kind == "sim" and load_profile(
+        exp.backend.profile or DEFAULT_PROFILE).architecture in RADIX_SPEC_REFUSED
+
+
+@pytest.mark.parametrize("path", [p for p in EXPERIMENTS if _hybrid(p)], ids=lambda p: p.name)
 def test_the_hybrid_seed_model_speculates_without_radix_cache(path: Path) -> None:
     # SGLang 0.5.10 refuses speculation on Qwen3.5-MoE with radix cache on (a hybrid model;
     # docs/engines-sglang.md section 1), and so does the simulator on the seed's profile: every

@@ -325,10 +325,13 @@ def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     s = schedule(data)
     assert [(e.c, e.steps, e.tok_s) for e in s.chain] == [(1, 5, 300), (16, 4, 1596)]
     assert not any(e.within_noise or e.kept_static for e in s.chain)
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "16": {"candidate_steps": [4]}}
+    # Keys are running batches: the schedule server has steps 5's KV pool, whose running limit
+    # (11) is what C=16 runs, so its slot starts at 11, not 16.
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
+    assert s.trtllm == {1: 5, 10: 5, 11: 4}
     assert s.vllm == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
                       "num_speculative_tokens": 5,
-                      "num_speculative_tokens_per_batch_size": [[1, 15, 5], [16, 16, 4]]}
+                      "num_speculative_tokens_per_batch_size": [[1, 10, 5], [11, 11, 4]]}
     assert s.sglang_command is not None
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
            "--speculative-num-draft-tokens 6" in s.sglang_command
@@ -357,7 +360,7 @@ def test_schedule_command_only_for_a_release_that_takes_it(tmp_path: Path, versi
         (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
             "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1))
     s = schedule(read_run(str(tmp_path)))
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "16": {"candidate_steps": [4]}}
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
     assert s.sglang_command is None
     note = next(n for n in s.notes if n.startswith("No SGLang schedule command"))
     assert words in note and "needs SGLang >= 0.5.13" in note
@@ -371,7 +374,7 @@ def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) ->
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps, e.within_noise) for e in s.entries] == [(1, 5, True), (16, 4, False)]
     assert [(e.c, e.steps, e.kept_static) for e in s.chain] == [(1, 4, True), (16, 4, False)]
-    assert s.sglang == {"1": {"candidate_steps": [4]}, "16": {"candidate_steps": [4]}}
+    assert s.sglang == {"1": {"candidate_steps": [4]}, "14": {"candidate_steps": [4]}}
     assert any("only within noise" in n for n in s.notes)
     assert any("equals the static config" in n for n in s.notes)
 
@@ -401,9 +404,11 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     assert '"num_speculative_tokens":3' in rec.command
     s = schedule(data)
     assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 5], [16, 16, 3]]
-    assert s.vllm_command is not None and s.vllm_command.endswith(
-        "--gpu-memory-utilization 0.9")
+    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 10, 5], [11, 11, 3]]
+    # The vLLM backend's own command (its flags as the static launch command has them).
+    assert s.vllm_command is not None and "--gpu-memory-utilization 0.9" in s.vllm_command
+    assert '"num_speculative_tokens":5' in s.vllm_command
+    assert '"num_speculative_tokens_per_batch_size":[[1,10,5],[11,11,3]]' in s.vllm_command
     assert s.sglang_command is None      # not an SGLang experiment: the JSON only
 
 

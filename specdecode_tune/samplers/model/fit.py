@@ -143,6 +143,23 @@ def predict_levels(fit: Fit, steps: int, topk: int, draft: int, mem: float | Non
 def score_draws(fit: Fit, cands: Candidates, rng: np.random.Generator, draws: int
                 ) -> np.ndarray:
     """Posterior draws of the search's score for every candidate: (draws, N); -inf = refused."""
+    return score_of(fit, *level_draws(fit, cands, rng, draws))
+
+
+def score_of(fit: Fit, levels: dict[int, np.ndarray], ok: np.ndarray) -> np.ndarray:
+    """The search's score of `level_draws`' output: (draws, N); -inf = refused."""
+    wsum = sum(fit.base.weights.values())
+    score = np.zeros(ok.shape)
+    for c, w in fit.base.weights.items():
+        score += w * np.maximum(levels[c] - np.log(fit.base.tok_s[c]), math.log(RATIO_FLOOR))
+    score /= wsum
+    return np.where(ok, score, -np.inf)
+
+
+def level_draws(fit: Fit, cands: Candidates, rng: np.random.Generator, draws: int
+                ) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """Posterior draws of log tok/s at every level for every candidate ({c: (draws, N)}), and
+    where the draw boots at all ((draws, N) bool)."""
     p, h = fit.accept.draws(rng, draws)
     kv_theta = fit.kv.draws(rng, draws)
     step_theta = fit.step.draws(rng, draws)
@@ -166,9 +183,8 @@ def score_draws(fit: Fit, cands: Candidates, rng: np.random.Generator, draws: in
     ok &= ~ruled_out(fit, cands)[None, :]
     s = cands.steps.astype(float)
     k = cands.topk.astype(float)
-    wsum = sum(fit.base.weights.values())
-    score = np.zeros_like(L)
-    for c, w in fit.base.weights.items():
+    out: dict[int, np.ndarray] = {}
+    for c in fit.base.weights:
         r = np.minimum(float(c), limit)
         if fit.base.request_tokens:
             r = np.minimum(r, np.floor(np.maximum(kv, 0) / fit.base.request_tokens))
@@ -176,10 +192,8 @@ def score_draws(fit: Fit, cands: Candidates, rng: np.random.Generator, draws: in
         r = np.maximum(r, 1.0)
         feats = step_features(r, n, s, k, L, np.ones_like(L), fit.step.tile, fit.step.route)
         t = np.einsum("dnf,df->dn", feats, step_theta)
-        tok_s = r * L / np.maximum(t, 1e-9)
-        score += w * np.log(np.maximum(tok_s / fit.base.tok_s[c], RATIO_FLOOR))
-    score /= wsum
-    return np.where(ok, score, -np.inf)
+        out[c] = np.log(np.maximum(r * L / np.maximum(t, 1e-9), 1e-12))
+    return out, ok
 
 
 def ruled_out(fit: Fit, cands: Candidates) -> np.ndarray:

@@ -38,7 +38,7 @@ from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from .candidates import Candidates, enumerate_space, point_key
-from .fit import Fit, fit_model, score_draws
+from .fit import Fit, fit_model, level_draws, score_of
 from .trials import parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
@@ -57,6 +57,9 @@ class ModelGuidedSampler(PlannedSampler):
         max_residual: in-sample relative error of tok/s above which the model hands over.
         draws: posterior draws for EI.
         seed: seeds the draws (and the default base sampler).
+        per_level: propose by the expected improvement of any level's best measured tok/s
+            (the largest over levels), not of the score: a per-batch-size schedule uses the
+            best config at every level (`[objective] kind = "schedule"`).
     """
 
     plan_key = "model_guided:plan"   # trial system attr: the proposed point
@@ -71,8 +74,10 @@ class ModelGuidedSampler(PlannedSampler):
         max_residual: float = 0.08,
         draws: int = 48,
         seed: int | None = None,
+        per_level: bool = False,
     ) -> None:
         super().__init__(base_sampler, seed)
+        self._per_level = bool(per_level)
         if isinstance(min_trials, bool) or not isinstance(min_trials, int) or min_trials < 0:
             raise ValueError(f"min_trials must be an int >= 0, got {min_trials!r}")
         if not (isinstance(max_residual, (int, float)) and math.isfinite(max_residual)
@@ -147,7 +152,8 @@ class ModelGuidedSampler(PlannedSampler):
         if not free.any():
             return _base("every configuration the model can name was measured", fit), None
         rng = np.random.default_rng([self._seed, number])
-        scores = score_draws(fit, cands, rng, self._draws)
+        levels, ok_draws = level_draws(fit, cands, rng, self._draws)
+        scores = score_of(fit, levels, ok_draws)
         feasible = np.isfinite(scores)
         best_trial = incumbent(study, trials)
         if best_trial is not None:
@@ -157,6 +163,9 @@ class ModelGuidedSampler(PlannedSampler):
                 if feasible.any() else 0.0
         gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
         ei = gain.mean(axis=0)
+        level_note = ""
+        if self._per_level:
+            ei, level_note = _level_ei(levels, feasible, obs, base)
         # Infeasible draws count as a very bad score in the tie-break, not as no information.
         mean = np.where(feasible, scores, -10.0).mean(axis=0)
         order = np.lexsort((-mean, -ei))          # EI first, then the mean score
@@ -168,7 +177,8 @@ class ModelGuidedSampler(PlannedSampler):
         ok = feasible[:, best]
         decision = {
             "by": "model",
-            "why": f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}",
+            "why": (f"expected improvement {ei[best]:+.4f} of {level_note}" if level_note
+                    else f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}"),
             "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -204,6 +214,25 @@ class ModelGuidedSampler(PlannedSampler):
         if cands is not None:
             self._cache = {sig: cands}
         return cands
+
+
+def _level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Sequence[Any],
+              base: Any) -> tuple[np.ndarray, str]:
+    """(EI per candidate of the best measured log tok/s at any level: the largest over levels,
+    a note naming the levels' bests). Each level's best counts the baseline and every feasible
+    trial measured there."""
+    eis = []
+    for c, draws in levels.items():
+        seen = [lv.tok_s for o in obs if o.feasible for lv in o.levels
+                if lv.concurrency == c and lv.tok_s > 0]
+        if base.tok_s.get(c):
+            seen.append(base.tok_s[c])
+        best = math.log(max(seen)) if seen else -math.inf
+        gain = np.where(feasible, np.maximum(draws - best, 0.0), 0.0) if seen else \
+            np.where(feasible, 1.0, 0.0)
+        eis.append(gain.mean(axis=0))
+    ei = np.max(np.stack(eis), axis=0) if eis else np.zeros(feasible.shape[1])
+    return ei, "any level's best (log tok/s)"
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:

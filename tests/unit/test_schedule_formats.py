@@ -1,0 +1,92 @@
+"""The report's schedule formats, each checked against the engine's own rules as its source
+defines them (docs/schedule.md names the files and functions): SGLang's adaptive config (the
+simulator's copy of `_load_adaptive_config` and `AdaptiveStepRouter`), vLLM's
+`num_speculative_tokens_per_batch_size` (`vllm/v1/spec_decode/dynamic/utils.py`'s checks) and
+TensorRT-LLM's `draft_len_schedule` (`llm_args.py` `validate_draft_len_schedule_and_sort`,
+`_torch/speculative/utils.py` `get_draft_len_for_batch_size`). Each format must route every
+batch size to the steps the schedule meant."""
+
+from __future__ import annotations
+
+import bisect
+
+import pytest
+
+from specdecode_tune.report import formats
+from specdecode_tune.sim import adaptive
+
+SLOTS = [
+    [(1, 8), (4, 6), (11, 3), (40, 0)],
+    [(1, 5)],
+    [(1, 0), (16, 2)],
+    [(1, 4), (2, 4), (3, 1)],
+]
+
+
+def intended(slots: list[tuple[int, int]], batch: int) -> int:
+    starts = [s for s, _ in slots]
+    return slots[bisect.bisect_right(starts, batch) - 1][1]
+
+
+def vllm_check(ranges: list[list[int]], num_speculative_tokens: int) -> None:
+    """vLLM's rules for the list (`dynamic/utils.py` `validate_and_normalize_dynamic_sd_schedule`,
+    commit 14b450ca): 3-item entries, positive ranges with start <= end, sorted and not
+    overlapping, the first starting at 1, K >= 0; `build_dynamic_sd_schedule_lookup` clamps K
+    to num_speculative_tokens, so a larger K is not what the server runs."""
+    assert all(isinstance(e, list) and len(e) == 3 for e in ranges)
+    assert ranges[0][0] == 1
+    for (_s0, e0, _), (s1, _, _) in zip(ranges, ranges[1:], strict=False):
+        assert s1 > e0, "ranges overlap or are not sorted"
+    for start, end, k in ranges:
+        assert start <= end and k >= 0 and k <= num_speculative_tokens
+
+
+def trtllm_check(schedule: dict[int, int], max_draft_len: int) -> None:
+    """TensorRT-LLM's validator (llm_args.py validate_draft_len_schedule_and_sort)."""
+    for bs, d in schedule.items():
+        assert bs >= 1 and d >= 0
+    assert 1 in schedule, "draft_len_schedule must include batch_size=1"
+    assert schedule[1] == max_draft_len, "draft_len_schedule[1] must equal max_draft_len"
+    assert all(d <= max_draft_len for d in schedule.values())
+
+
+@pytest.mark.parametrize("slots", SLOTS)
+def test_sglang_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
+    content = formats.sglang_config(slots)
+    parsed = adaptive.parse_config(content)       # SGLang's loader (a copy), its errors
+    assert all(len(c) == 1 for _, c in parsed)    # one candidate: the EMA never moves it
+    # No CUDA-graph padding (batch sizes above the captured ones) routes by the keys alone.
+    sched = adaptive.Schedule(slots=tuple((k, c[0]) for k, c in parsed), cuda_graph_bs=())
+    for batch in range(1, 80):
+        assert sched.steps_for_batch(batch) == intended(slots, batch), batch
+
+
+@pytest.mark.parametrize("slots", SLOTS)
+def test_vllm_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
+    ranges = formats.vllm_ranges(slots)
+    top = max(k for _, k in slots)
+    vllm_check(ranges, top)
+    for batch in range(1, 80):
+        assert formats.vllm_k(ranges, batch) == intended(slots, batch), batch
+
+
+@pytest.mark.parametrize("slots", [s for s in SLOTS if s[0][1] == max(k for _, k in s)])
+def test_trtllm_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
+    top_batch = 48
+    schedule, why = formats.trtllm_schedule(slots, top_batch)
+    assert schedule is not None and why == ""
+    trtllm_check(schedule, max(k for _, k in slots))
+    for batch in range(1, top_batch + 1):
+        assert formats.trtllm_draft_len(schedule, batch) == intended(slots, batch), batch
+    # Past the last key TensorRT-LLM drafts nothing (min_draft_len, 0 by default).
+    assert formats.trtllm_draft_len(schedule, top_batch + 1) == 0
+
+
+def test_trtllm_cannot_express_a_schedule_that_drafts_more_above_batch_one() -> None:
+    schedule, why = formats.trtllm_schedule([(1, 0), (16, 2)], 48)
+    assert schedule is None and "draft_len_schedule[1] must equal max_draft_len" in why
+
+
+def test_a_schedule_must_start_at_one() -> None:
+    with pytest.raises(ValueError, match="starts at batch size 1"):
+        formats.sglang_config([(4, 3)])

@@ -1,0 +1,127 @@
+"""The schedule's validation in the report: the trial booted with the emitted schedule is kept
+out of the static configs, and each level is set against the static best, the best config for
+that level alone and its own tier, with noise verdicts; a schedule is recommended only where it
+beats the static config beyond noise somewhere and loses beyond noise nowhere."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_report import SEED, Run
+
+from specdecode_tune.report import write_report
+from specdecode_tune.report.data import read_run
+from specdecode_tune.report.recommend import schedule
+from specdecode_tune.report.validation import validate
+
+ADAPTIVE = {"speculative_adaptive": True, "speculative_adaptive_config": "/x/sglang.json"}
+# steps 5 is +8.3% at C=1 and -30% at C=16: the per-level figures expect a schedule to pay.
+CURVE = {**SEED, 5: {1: 300, 16: 1119}}
+
+
+def run_with(tmp_path: Path, sched_tok: dict[int, float], same_tok: dict[int, float] | None
+             = None, **kw: Any) -> Run:
+    run = Run(tmp_path)
+    for steps, tok in CURVE.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    run.add("schedule", {"speculative_num_steps": 5, **ADAPTIVE}, sched_tok, mrr=11, **kw)
+    if same_tok is not None:
+        run.add("schedule-same", {"speculative_num_steps": 4, **ADAPTIVE}, same_tok)
+    return run
+
+
+def test_the_validation_trial_is_not_a_static_config(tmp_path: Path) -> None:
+    run_with(tmp_path, {1: 299, 16: 1590})
+    data = read_run(str(tmp_path))
+    assert [t.trial_id for t in data.schedule_trials] == ["schedule"]
+    assert all(t.trial_id != "schedule" for cf in data.configs for t in cf.trials)
+    assert data.best is not None and data.best.param("speculative_num_steps") == 4
+
+
+def test_a_schedule_that_wins_where_expected_is_recommended(tmp_path: Path) -> None:
+    run_with(tmp_path, {1: 299, 16: 1590}, same_tok={1: 274, 16: 1580})
+    data = read_run(str(tmp_path))
+    v = validate(data, schedule(data).slots)
+    assert v is not None and v.recommended
+    by = {k.c: k for k in v.checks}
+    assert by[1].steps == 5 and by[1].vs_static == "better" and by[1].vs_alone == "within noise"
+    assert by[16].steps == 4 and by[16].vs_static == "within noise" and not by[16].collapse
+    assert by[1].same_tok_s == 274 and by[1].mode_cost == "within noise"
+    md = Path(write_report(str(tmp_path)).path).read_text()
+    assert "Validation: the schedule on one server" in md and "Recommended: the schedule." in md
+
+
+def test_a_threshold_collapse_is_flagged_and_the_static_config_recommended(
+        tmp_path: Path) -> None:
+    # C=16 runs steps 4 on the schedule server but measures 30% under the static steps=4.
+    run_with(tmp_path, {1: 299, 16: 1100})
+    data = read_run(str(tmp_path))
+    v = validate(data, schedule(data).slots)
+    assert v is not None and not v.recommended
+    by = {k.c: k for k in v.checks}
+    assert by[16].collapse and by[16].vs_static == "worse"
+    assert "falls below the static config beyond noise at C=16" in v.why
+    assert "Recommended: the static config steps=4" in v.why
+    md = Path(write_report(str(tmp_path)).path).read_text()
+    assert "Threshold collapse at C=16" in md
+
+
+def test_the_measurement_counts_over_the_per_level_figures(tmp_path: Path) -> None:
+    # The per-level figures expect +8.3% at C=1; the schedule's own boot measures no gain.
+    run_with(tmp_path, {1: 280, 16: 1590})
+    data = read_run(str(tmp_path))
+    v = validate(data, schedule(data).slots)
+    assert v is not None and not v.recommended
+    assert "beats the static config beyond noise at no level" in v.why
+    assert "expected a gain at C=1 that the schedule's own boot did not measure" in v.why
+
+
+def test_without_a_validation_trial_the_report_says_so(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    for steps, tok in CURVE.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    data = read_run(str(tmp_path))
+    assert validate(data, schedule(data).slots) is None
+    out = write_report(str(tmp_path))
+    assert any("The schedule was not validated" in line for line in out.summary_lines)
+
+
+def _plan(tmp_path: Path, version: str | None) -> Any:
+    from test_report import EXPERIMENT
+
+    from specdecode_tune.config import experiment_from_dict
+    from specdecode_tune.search.preflight import RunPlan
+
+    text = EXPERIMENT if version is None else EXPERIMENT.replace(
+        "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1)
+    (tmp_path / "experiment.toml").write_text(text)
+    import tomllib
+    exp = experiment_from_dict(tomllib.loads(text), where="test")
+    return RunPlan(exp=exp, run_dir=str(tmp_path), local_dir=tmp_path, storage=str(tmp_path),
+                   name="t", is_uri=False)
+
+
+def test_the_validation_boots_the_emitted_file_and_the_same_steps_mode(tmp_path: Path) -> None:
+    import json
+
+    from specdecode_tune.search.validate import plan_validation
+
+    run = Run(tmp_path)
+    for steps, tok in CURVE.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    trials, why = plan_validation(_plan(tmp_path, "0.5.13"))
+    assert why == "" and [t for t, _ in trials] == ["schedule", "schedule-same"]
+    params = dict(trials[0][1])
+    assert params["speculative_adaptive"] is True and params["speculative_num_steps"] == 5
+    assert params["speculative_num_draft_tokens"] == 6 and params["speculative_eagle_topk"] == 1
+    with open(params["speculative_adaptive_config"]) as f:
+        assert json.load(f) == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
+    with open(trials[1][1]["speculative_adaptive_config"]) as f:
+        assert json.load(f) == {"1": {"candidate_steps": [4]}}
+    # A release without the per-batch-size format: no boot, and which release it needs.
+    trials, why = plan_validation(_plan(tmp_path, "0.5.10.post1"))
+    assert trials == [] and "needs SGLang >= 0.5.13" in why
