@@ -75,7 +75,7 @@ from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, max_draf
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sim-default.toml"
 PROFILES = ("seed-qwen35-122b", "bench-two-regime", "bench-tile-shelves", "bench-noisy")
-SAMPLERS = ("random", "grid", "tpe", "plateau", "model")
+SAMPLERS = ("random", "grid", "tpe", "plateau", "model", "hybrid")
 TARGET = math.log(0.98)          # within 2% of the optimum's (weighted geometric) speedup
 TWO_REGIME_BUDGET = 25           # the target: second regime within 25 trials
 

@@ -72,7 +72,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--fresh", action="store_true",
                    help="move an existing run dir aside and start over")
     ap.add_argument("--sampler", default=None,
-                    help="plateau | tpe | nsga2 | random | model (default: the experiment's)")
+                    help="hybrid | plateau | tpe | nsga2 | random | model (default: the "
+                         "experiment's)")
     ap.add_argument("--seed", type=int, default=None, help="sampler seed")
     return ap.parse_args(argv)
 

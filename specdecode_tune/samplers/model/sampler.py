@@ -38,8 +38,9 @@ from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from .candidates import Candidates, enumerate_space, point_key
-from .fit import Fit, fit_model, score_draws
-from .trials import parse_baseline, parse_measured
+from .acceptance import accept_length, tree_widths
+from .fit import Fit, fit_model, predict_levels, score_draws
+from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
 
@@ -110,29 +111,11 @@ class ModelGuidedSampler(PlannedSampler):
     def decide(self, study: Study, number: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(the decision recorded on the trial, the planned point or None for the base)."""
         trials = study.get_trials(deepcopy=False)
-        finished = [t for t in trials if t.state.is_finished()]
-        if len(finished) < self._min_trials:
-            return _base(f"thin data: {len(finished)} finished trial(s), the model starts "
-                         f"after {self._min_trials}"), None
-        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
-        if base is None:
-            return _base(f"no baseline in study.user_attrs[{BASELINE_ATTR!r}]"), None
-        obs = []
-        for t in finished:
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
-            if o is not None:
-                obs.append(o)
-        cands = self._candidates(trials)
-        if cands is None:
-            return _base("no speculative configuration in the space"), None
-        depth = int(cands.steps.max())
-        fit = fit_model(obs, base, cands, depth)
-        if fit is None:
-            return _base("thin data: no feasible speculative trial with measurements"), None
-        band = study.user_attrs.get(NOISE_BAND_ATTR)
-        limit = self._max_residual
-        if isinstance(band, (int, float)) and math.isfinite(band):
-            limit = max(limit, 1.5 * float(band))
+        state = self.fitted(study, trials)
+        if isinstance(state, str):
+            return _base(state), None
+        fit, cands, obs = state
+        limit = self.fit_limit(study)
         if fit.rms > limit:
             return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
                          fit), None
@@ -169,6 +152,7 @@ class ModelGuidedSampler(PlannedSampler):
         decision = {
             "by": "model",
             "why": f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}",
+            "ei": float(ei[best]),
             "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -177,6 +161,70 @@ class ModelGuidedSampler(PlannedSampler):
             "accept_measured_to": fit.accept.measured_depth,
         }
         return decision, plan
+
+    def fitted(self, study: Study, trials: Sequence[FrozenTrial] | None = None
+               ) -> tuple[Fit, Candidates, list[TrialObs]] | str:
+        """The model fitted to the study's finished trials (with the candidates and the
+        observations), or why there is none (a sentence)."""
+        trials = study.get_trials(deepcopy=False) if trials is None else trials
+        finished = [t for t in trials if t.state.is_finished()]
+        if len(finished) < self._min_trials:
+            return (f"thin data: {len(finished)} finished trial(s), the model starts "
+                    f"after {self._min_trials}")
+        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
+        if base is None:
+            return f"no baseline in study.user_attrs[{BASELINE_ATTR!r}]"
+        obs = []
+        for t in finished:
+            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
+            if o is not None:
+                obs.append(o)
+        cands = self._candidates(trials)
+        if cands is None:
+            return "no speculative configuration in the space"
+        fit = fit_model(obs, base, cands, int(cands.steps.max()))
+        if fit is None:
+            return "thin data: no feasible speculative trial with measurements"
+        return fit, cands, obs
+
+    def fit_limit(self, study: Study) -> float:
+        """The in-sample error above which the model hands over (its own, or 1.5 bands)."""
+        band = study.user_attrs.get(NOISE_BAND_ATTR)
+        limit = self._max_residual
+        if isinstance(band, (int, float)) and math.isfinite(band):
+            limit = max(limit, 1.5 * float(band))
+        return limit
+
+    def predict(self, study: Study, sampled: Mapping[str, Any], *, draws: int = 64
+                ) -> dict[str, Any] | None:
+        """What the model fitted to the study's finished trials predicts for one point (before
+        it is booted): tok/s per level and acceptance length of the mean model, the mean score
+        and the share of posterior draws in which the server accepts the boot. None where
+        there is no fit, or the point is not one the model can name (the baseline, say)."""
+        state = self.fitted(study)
+        if isinstance(state, str):
+            return None
+        fit, cands, _ = state
+        key = self._key_of(sampled)
+        try:
+            i = cands.keys.index(key)
+        except ValueError:
+            return None
+        steps, topk, draft, mem = key
+        one = _one(cands, i)
+        rng = np.random.default_rng([self._seed, 7919, len(study.get_trials(deepcopy=False))])
+        scores = score_draws(fit, one, rng, draws)[:, 0]
+        ok = np.isfinite(scores)
+        levels = predict_levels(fit, steps, topk, draft, mem)
+        return {
+            "tok_s": None if levels is None else {str(c): float(v) for c, v in levels.items()},
+            "accept_length": _accept_of(fit, steps, topk, draft),
+            "score": float(scores[ok].mean()) if ok.any() else None,
+            "p_feasible": float(ok.mean()),
+            "fit_error": round(fit.rms, 5),
+            "fit_ok": fit.rms <= self.fit_limit(study),
+            "trials": fit.points,
+        }
 
     def _key_of(self, sampled: Mapping[str, Any]) -> tuple:
         params = resolve(sampled, self._fixed)
@@ -204,6 +252,21 @@ class ModelGuidedSampler(PlannedSampler):
         if cands is not None:
             self._cache = {sig: cands}
         return cands
+
+
+def _one(cands: Candidates, i: int) -> Candidates:
+    """The candidates reduced to the one at index `i` (its own triple table)."""
+    return Candidates(sampled=(cands.sampled[i],), keys=(cands.keys[i],),
+                      steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
+                      draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
+                      triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
+
+
+def _accept_of(fit: Fit, steps: int, topk: int, draft: int) -> float:
+    """The mean model's acceptance length (tokens per verify step) of one configuration."""
+    widths = tree_widths(fit.accept.p_mean, fit.accept.h_mean, steps, topk, draft - 1)[-1]
+    return float(accept_length(fit.accept.p_mean[None, :], np.array([fit.accept.h_mean]),
+                               widths)[0])
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
