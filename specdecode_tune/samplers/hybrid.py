@@ -13,7 +13,7 @@ Before each fresh trial, in this order:
    (each measured level's tok/s as the fitted model predicts it, relative, RMS) is at most
    `max_residual` (8%) or 1.5 noise bands, whichever is larger.
 3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express), thin
-   (fewer than two finished trials, no feasible speculative one), or the space holds nothing
+   (no finished trial, no feasible speculative one: the model starts after one), or the space holds nothing
    the model can name, the trial goes to the base sampler (TPE), which searches it as a black
    box.
 
@@ -76,7 +76,7 @@ class HybridSampler(PlannedSampler):
         # calls the base's once), so the base sees each trial once.
         self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed)
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
-                                         max_residual=max_residual, seed=seed)
+                                         max_residual=max_residual, min_trials=1, seed=seed)
 
     @property
     def model(self) -> ModelGuidedSampler:

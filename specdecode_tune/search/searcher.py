@@ -289,9 +289,13 @@ class RepeatingSearcher(Searcher):
         if repeat is not None:
             self.repeat_budget -= 1
             return self._repeat(trial_id, *repeat)
-        if self.explored < self.max_trials and self._knows():
+        if self.explored < self.max_trials and (self._blind() or self._knows()):
             return None                      # wait for the running explorations first
         if self.explored >= self.max_trials:
+            repeat = self._next_repeat()     # the cap may have been reached just now
+            if repeat is not None:
+                self.repeat_budget -= 1
+                return self._repeat(trial_id, *repeat)
             return None if self.live else Searcher.FINISHED
         # A boot costs minutes: a point already measured is answered from the measurements
         # (told to Optuna at once), a point being measured now waits for that trial's answer,
@@ -337,6 +341,17 @@ class RepeatingSearcher(Searcher):
         self.explored += 1
         self.configs.setdefault(key, config)
         return self._repeat(trial_id, key, len(self.scores.get(key, [])) + self._pending(key))
+
+    def _blind(self) -> bool:
+        """Whether the next proposal would be made blind, with an exploration running: until
+        one point has measured, the model and the KV gate have nothing to go on, and a blind
+        proposal in a space the server refuses half of is a refused boot half the time. A
+        search with the stop rule and a sampler that predicts then explores one at a time."""
+        if self.__dict__.get("stop_rule") is None or self.scores:
+            return False
+        if not hasattr(self.inner.study().sampler, "predict"):
+            return False
+        return any(n == 0 for _, n in self.live.values())
 
     def _knows(self) -> bool:
         """Whether the stop rule ends exploring now: True while it would but an exploration is
