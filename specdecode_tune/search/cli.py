@@ -1,7 +1,7 @@
 """`python -m specdecode_tune.search`: find the best speculative-decoding settings.
 
 With no arguments it runs `experiments/sim-default.toml` on the embedded simulator: a local Ray
-cluster with logical GPUs, trials on GPU pairs, Optuna (plateau escape over TPE) proposing
+cluster with logical GPUs, trials on GPU pairs, Optuna (the hybrid sampler) proposing
 points, the no-speculation baseline first, re-measurement of the best points, live progress,
 and at the end the best config against the baseline with the plateau verdicts.
 

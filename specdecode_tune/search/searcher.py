@@ -301,7 +301,9 @@ class RepeatingSearcher(Searcher):
         # (told to Optuna at once), a point being measured now waits for that trial's answer,
         # and Optuna is asked again. After MAX_DUPLICATES such answers in a row the space is
         # taken as exhausted: the point runs as a re-measurement.
+        why: str | None = None
         for attempt in range(MAX_DUPLICATES):
+            why = None
             # Every proposal gets its own id: one answered from data is completed under it.
             probe = f"{trial_id}~{attempt}"
             proposal = self.inner.suggest(probe)
@@ -338,6 +340,14 @@ class RepeatingSearcher(Searcher):
                       else {self.metric: self.infeasible_score, "feasible": False})
             self.inner.on_trial_complete(probe, answer)
             self.duplicates += 1
+        if why is not None:
+            # The last proposal was one the gate skips: never booted as a re-measurement
+            # either; the best point is re-measured instead (or the search ends).
+            ranked = self.ranking()
+            if not ranked:
+                return None if self.live else Searcher.FINISHED
+            key = ranked[0][0]
+            config = self.configs[key]
         self.explored += 1
         self.configs.setdefault(key, config)
         return self._repeat(trial_id, key, len(self.scores.get(key, [])) + self._pending(key))
