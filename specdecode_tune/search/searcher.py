@@ -318,7 +318,7 @@ class RepeatingSearcher(Searcher):
                 self.duplicates += 1
                 continue
             why = None if known or key in self.infeasible or self.gate is None \
-                else self.gate.refuses(config)
+                else self.gate.refuses(config, refused_before=bool(self.infeasible))
             if why is not None:
                 # Predicted refused: told to Optuna as a refusal, never booted.
                 self.inner.on_trial_complete(probe, {self.metric: self.infeasible_score,

@@ -16,12 +16,14 @@ it. Two rules, asked by `RepeatingSearcher` (`search.searcher`) before each boot
     inside the noise band: at most `ei_fraction` of the band the repeats measured (EI is a
     mean over posterior draws, in the score's units, log-speedup).
   The reason is kept (`StopRule.why`) and printed on the search's last lines.
-- `KVGate`: before a boot, a point the fitted KV model says the server will refuse (the share of
-  posterior draws in which the boot succeeds is at most `max_p_feasible`) is not booted: Optuna
-  is told a violated constraint, as for a refusal, and the point is recorded as skipped with the
-  prediction. Where the fit is unsure (more draws accept the boot) the point is booted: that
-  probe measures the boundary, and its refusal, if it comes, rules out its neighbours by
-  monotonicity (`samplers.model.fit.ruled_out`).
+- `KVGate`: before a boot, a point the fitted memory model (the KV budget line, the
+  out-of-memory boundary, the neighbourhoods refused boots rule out: `samplers.model`) says the
+  server will refuse (the share of posterior draws in which the boot succeeds is at most
+  `max_p_feasible`, 5%) is not booted: Optuna is told a violated constraint, as for a refusal,
+  and the point is recorded as skipped with the prediction. Where the fit is unsure the point
+  is booted once: that probe measures the boundary. After the search's first refused boot,
+  points that boot in fewer than `after_refusal` (half) of the draws are skipped too, so the
+  next boots stay on the boundary's safe side.
 
 Both read the sampler's `outlook` / `predict` (`samplers.HybridSampler`, the default) and do
 nothing for samplers without them: the other samplers run to `max_trials` and boot what they
@@ -76,24 +78,34 @@ class StopRule:
 class KVGate:
     """Skips boots the fitted KV model is sure the server refuses."""
 
-    def __init__(self, *, max_p_feasible: float = 0.05) -> None:
+    def __init__(self, *, max_p_feasible: float = 0.05, after_refusal: float = 0.5) -> None:
         if not (isinstance(max_p_feasible, (int, float)) and 0 <= max_p_feasible < 1):
             raise ValueError(f"max_p_feasible must be in [0, 1), got {max_p_feasible!r}")
+        if not (isinstance(after_refusal, (int, float))
+                and max_p_feasible <= after_refusal < 1):
+            raise ValueError(f"after_refusal must be in [max_p_feasible, 1), got "
+                             f"{after_refusal!r}")
         self.max_p_feasible = float(max_p_feasible)
+        self.after_refusal = float(after_refusal)
         self.skipped: list[dict[str, Any]] = []
 
-    def refuses(self, config: Mapping[str, Any]) -> str | None:
+    def refuses(self, config: Mapping[str, Any], refused_before: bool = False) -> str | None:
         """Why this proposal is not booted (a sentence), or None to boot it. Reads the
-        prediction the proposal carries (`PREDICTED_KEY`)."""
+        prediction the proposal carries (`PREDICTED_KEY`). `refused_before`: the server has
+        refused a boot of this search already (the boundary was probed once: an unsure point,
+        booting in fewer than `after_refusal` of the draws, is skipped too)."""
         pred = prediction_of(config)
         if pred is None or not isinstance(pred.get("p_feasible"), (int, float)):
             return None
         p = float(pred["p_feasible"])
-        if p > self.max_p_feasible:
+        limit = self.after_refusal if refused_before else self.max_p_feasible
+        if p > limit or (refused_before and p >= limit):
             return None
         point = {k: v for k, v in config.items() if not k.startswith("_")}
         why = (f"not booted: the fitted KV model says the server refuses it (the boot "
-               f"succeeds in {p:.0%} of the posterior draws, <= {self.max_p_feasible:.0%})")
+               f"succeeds in {p:.0%} of the posterior draws, "
+               + (f"under {limit:.0%} after a refusal)" if refused_before
+                  else f"<= {limit:.0%})"))
         self.skipped.append({"params": point, "p_feasible": p, "why": why})
         return why
 

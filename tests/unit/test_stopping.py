@@ -67,6 +67,28 @@ def test_the_kv_gate_skips_only_what_the_fit_is_sure_the_server_refuses() -> Non
     assert gate.refuses(unsure) is None                 # the probe of the boundary
     assert gate.refuses({"speculative_num_steps": 3}) is None   # no prediction: boot it
     assert [s["params"] for s in gate.skipped] == [{"speculative_num_steps": 9}]
+    # After a refusal the boundary was probed once: the unsure point is skipped too.
+    assert gate.refuses(unsure, refused_before=True) is not None
+    likely = {"speculative_num_steps": 7, PREDICTED_KEY: json.dumps({"p_feasible": 0.7})}
+    assert gate.refuses(likely, refused_before=True) is None
+
+
+def test_the_oom_boundary_is_unknown_until_a_boot_runs_out_then_bounds_its_side() -> None:
+    from specdecode_tune.samplers.model.oom import fit_oom
+    from specdecode_tune.samplers.model.trials import TrialObs
+
+    def obs(mem: float, draft: int, ok: bool) -> TrialObs:
+        return TrialObs(steps=draft - 1, topk=1, draft=draft, mem=mem, feasible=ok,
+                        failure=None if ok else "oom", kv=None, limit=None, levels=())
+
+    assert fit_oom([obs(0.85, 5, True)]) is None            # nothing refused: no boundary
+    fit = fit_oom([obs(0.85, 5, True), obs(0.92, 5, False)])
+    assert fit is not None
+    assert fit.p_feasible(0.92, 5) == 0.0                   # refused there
+    assert fit.p_feasible(0.93, 6) == 0.0                   # and above it, with more tokens
+    assert fit.p_feasible(0.85, 5) == 1.0                   # ran there
+    assert 0.0 < fit.p_feasible(0.88, 5) < 1.0              # in between: unsure
+    assert fit.p_feasible(0.88, 5) > fit.p_feasible(0.91, 5)
 
 
 class StopsAfter:
@@ -126,7 +148,7 @@ def test_the_rule_waits_for_a_running_exploration_before_it_stops() -> None:
 
 def test_a_gated_point_is_told_to_optuna_as_refused_and_not_booted() -> None:
     class Gate(KVGate):
-        def refuses(self, config: dict) -> str | None:
+        def refuses(self, config: dict, refused_before: bool = False) -> str | None:
             return "predicted refused" if config["speculative_num_steps"] >= 6 else None
 
     searcher = _searcher(None, Gate())

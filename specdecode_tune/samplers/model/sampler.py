@@ -15,6 +15,10 @@ takes the trial instead on:
   model cannot express; the base sampler then searches it as a black box;
 - nothing left: every configuration the model can name was measured or is running.
 
+Once a boot was refused (out of memory, not enough KV memory), the model proposes only points
+that boot in at least `SAFE_P` of its posterior draws (while any remain): the first refusal is
+the probe of the boundary, the next points stay on its safe side.
+
 Every trial records who proposed it and why (the user attr "model_guided"). The sampler keeps
 nothing between trials but its settings (the study holds the data), so it pickles with the
 searcher and a fresh instance over a resumed study carries on. Its only randomness is the
@@ -43,6 +47,9 @@ from .fit import Fit, fit_model, predict_levels, score_draws
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
+# Once a refusal has measured a boundary, a point is proposed only where at least this share
+# of the posterior draws boots it (the KV gate of the search applies the same share).
+SAFE_P = 0.5
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -142,6 +149,12 @@ class ModelGuidedSampler(PlannedSampler):
         ei = gain.mean(axis=0)
         # Infeasible draws count as a very bad score in the tie-break, not as no information.
         mean = np.where(feasible, scores, -10.0).mean(axis=0)
+        if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
+            # A refusal measured the boundary once: from here on, points the server more
+            # likely refuses than boots are not proposed (while others remain).
+            likely = feasible.mean(axis=0) >= SAFE_P
+            if (free & likely).any():
+                free = free & likely
         order = np.lexsort((-mean, -ei))          # EI first, then the mean score
         order = order[free[order]]
         best = int(order[0])
