@@ -11,7 +11,9 @@ Before each fresh trial, in this order:
    position, step time and the KV budget to what the trials measured and proposes the point of
    largest expected improvement, when its fit is good: its error on the measured points
    (each measured level's tok/s as the fitted model predicts it, relative, RMS) is at most
-   `max_residual` (8%) or 1.5 noise bands, whichever is larger.
+   `max_residual` (8%) or 1.5 noise bands, whichever is larger. A point another trial is
+   measuring counts as refused for the memory boundary of this proposal, so two concurrent
+   boots do not both bet on a boundary neither has measured.
 3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express), thin
    (no finished trial, no feasible speculative one: the model starts after one), or the space holds nothing
    the model can name, the trial goes to the base sampler (TPE), which searches it as a black
@@ -76,7 +78,8 @@ class HybridSampler(PlannedSampler):
         # calls the base's once), so the base sees each trial once.
         self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed)
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
-                                         max_residual=max_residual, min_trials=1, seed=seed)
+                                         max_residual=max_residual, min_trials=1,
+                                         pessimistic_running=True, seed=seed)
 
     @property
     def model(self) -> ModelGuidedSampler:

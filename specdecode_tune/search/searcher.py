@@ -380,7 +380,10 @@ class RepeatingSearcher(Searcher):
             self.waiting = False
             try:
                 study = self.inner.study()
-                why = rule.check(study, study.sampler, self.band, self.explored)
+                # The narrower of the measured band and the experiment's: a noisy server's
+                # wide band must not make a small expected improvement look like noise.
+                why = rule.check(study, study.sampler, min(self.band, self.default_band),
+                                 self.explored)
             except Exception:  # the rule is advice: a search never fails on it
                 log.debug("the stop rule could not be checked", exc_info=True)
                 return False

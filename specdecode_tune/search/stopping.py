@@ -13,8 +13,10 @@ it. Two rules, asked by `RepeatingSearcher` (`search.searcher`) before each boot
   - no plateau question is open: no far probe decided or running, and none the next trial
     would start (`HybridSampler.outlook`);
   - the best remaining expected improvement over every configuration not yet measured is
-    inside the noise band: at most `ei_fraction` of the band the repeats measured (EI is a
-    mean over posterior draws, in the score's units, log-speedup).
+    inside the noise band: at most `ei_fraction` of the band (the narrower of the one the
+    repeats measured and the experiment's `search.noise_band`, so that a noisy server's wide
+    band does not pass a gain worth a boot as noise; EI is a mean over posterior draws, in the
+    score's units, log-speedup).
   The reason is kept (`StopRule.why`) and printed on the search's last lines.
 - `KVGate`: before a boot, a point the fitted memory model (the KV budget line, the
   out-of-memory boundary, the neighbourhoods refused boots rule out: `samplers.model`) says the

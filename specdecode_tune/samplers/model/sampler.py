@@ -27,6 +27,7 @@ posterior draws, seeded by (seed, trial number), and the base sampler's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
@@ -44,6 +45,7 @@ from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from .candidates import Candidates, enumerate_space, point_key
 from .acceptance import accept_length, tree_widths
 from .fit import Fit, fit_model, predict_levels, score_draws
+from .oom import fit_oom
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
@@ -64,6 +66,9 @@ class ModelGuidedSampler(PlannedSampler):
         min_trials: finished trials before the model may propose (the base sampler's first ones).
         max_residual: in-sample relative error of tok/s above which the model hands over.
         draws: posterior draws for EI.
+        pessimistic_running: a point another trial is measuring counts, for the out-of-memory
+            boundary of this proposal, as refused (two concurrent boots do not both bet on a
+            boundary neither has measured).
         seed: seeds the draws (and the default base sampler).
     """
 
@@ -78,6 +83,7 @@ class ModelGuidedSampler(PlannedSampler):
         min_trials: int = 2,
         max_residual: float = 0.08,
         draws: int = 48,
+        pessimistic_running: bool = False,
         seed: int | None = None,
     ) -> None:
         super().__init__(base_sampler, seed)
@@ -94,6 +100,7 @@ class ModelGuidedSampler(PlannedSampler):
         self._max_residual = float(max_residual)
         self._draws = draws
         self._seed = 0 if seed is None else int(seed)
+        self._pessimistic = bool(pessimistic_running)
         self._cache: dict[tuple, Candidates] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -122,6 +129,10 @@ class ModelGuidedSampler(PlannedSampler):
         if isinstance(state, str):
             return _base(state), None
         fit, cands, obs = state
+        if self.__dict__.get("_pessimistic"):
+            liars = self._running_as_refused(trials, number)
+            if liars:
+                fit = dataclasses.replace(fit, oom=fit_oom([*obs, *liars]))
         limit = self.fit_limit(study)
         if fit.rms > limit:
             return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
@@ -174,6 +185,22 @@ class ModelGuidedSampler(PlannedSampler):
             "accept_measured_to": fit.accept.measured_depth,
         }
         return decision, plan
+
+    def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int
+                            ) -> list[TrialObs]:
+        """The points other trials are measuring now, as if the server had refused them for
+        memory: a proposal made while they run does not bet on the boundary they probe."""
+        out = []
+        for t in trials:
+            if t.state != TrialState.RUNNING or t.number == number or not t.params:
+                continue
+            key = self._key_of(t.params)
+            if key == ("baseline",):
+                continue
+            steps, topk, draft, mem = key
+            out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
+                                failure="oom", kv=None, limit=None, levels=()))
+        return out
 
     def fitted(self, study: Study, trials: Sequence[FrozenTrial] | None = None
                ) -> tuple[Fit, Candidates, list[TrialObs]] | str:
