@@ -147,9 +147,8 @@ def recorded_errors(path: str, seed: int, budget: int = 12) -> list[float]:
     """The default sampler on a recorded landscape (each boot one recorded repeat, as
     `landscapes.run_search`): its model's prediction of each point before the boot against
     what the boot measured."""
-    import optuna
-
     import landscapes
+    import optuna
 
     land = landscapes.landscape_of(path)
     exp = land.exp

@@ -15,9 +15,9 @@ Before each fresh trial, in this order:
    measuring counts as refused for the memory boundary of this proposal, so two concurrent
    boots do not both bet on a boundary neither has measured.
 3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express), thin
-   (no finished trial, no feasible speculative one: the model starts after one), or the space holds nothing
-   the model can name, the trial goes to the base sampler (TPE), which searches it as a black
-   box.
+   (no finished trial, no feasible speculative one: the model starts after one), or the space
+   holds nothing the model can name, the trial goes to the base sampler (TPE), which searches
+   it as a black box.
 
 Why this is the default: on the benchmark's simulator profiles and recorded real landscapes
 (`benchmarks/search_efficiency.py`) the model reaches 98% of the optimum in a few boots where

@@ -1,8 +1,8 @@
 """The one factory of the search's Optuna samplers, by the name `search.sampler` or `--sampler`
 gives (`config.SAMPLERS`): `hybrid` (the default: the plateau probe, else the model where its
 fit is good, else TPE; `samplers.hybrid`), `tpe`, `random`, `nsga2` (Optuna's), `plateau`
-(plateau escape over TPE) and `model` (model-guided over TPE). The search-efficiency benchmark builds
-its samplers here too, so that it measures the ones a search runs.
+(plateau escape over TPE) and `model` (model-guided over TPE). The search-efficiency benchmark
+builds its samplers here too, so that it measures the ones a search runs.
 
 TPE starts with min(6, max_trials) random trials; NSGA-II's population is max_trials / 2,
 clamped to [4, 20]. Every sampler is seeded with the run's seed.

@@ -46,7 +46,8 @@ from .stopping import PREDICTED_KEY, KVGate, StopRule
 
 __all__ = [
     "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES", "MEASURED_KEY",
-    "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SKIPPED_ATTR", "STOP_ATTR", "SAMPLER_KEY", "FailureStreak", "ProposalSpace", "RepeatingSearcher",
+    "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY", "SKIPPED_ATTR", "STOP_ATTR",
+    "FailureStreak", "ProposalSpace", "RepeatingSearcher",
     "SpecOptunaSearch", "failure_signature", "params_key",
 ]
 
@@ -317,15 +318,16 @@ class RepeatingSearcher(Searcher):
                 self.followers.setdefault(running, []).append(probe)
                 self.duplicates += 1
                 continue
-            why = None if known or key in self.infeasible or self.gate is None \
-                else self.gate.refuses(config, refused_before=bool(self.infeasible))
-            if why is not None:
+            gate = self.__dict__.get("gate")      # a searcher pickled before the gate: None
+            why = None if known or key in self.infeasible or gate is None \
+                else gate.refuses(config, refused_before=bool(self.infeasible))
+            if why is not None and gate is not None:
                 # Predicted refused: told to Optuna as a refusal, never booted.
                 self.inner.on_trial_complete(probe, {self.metric: self.infeasible_score,
                                                      "feasible": False, "reason": why})
                 self.duplicates += 1
                 try:
-                    self.inner.study().set_user_attr(SKIPPED_ATTR, self.gate.skipped)
+                    self.inner.study().set_user_attr(SKIPPED_ATTR, gate.skipped)
                 except Exception:  # the record is advice: never fatal
                     log.debug("could not store the skipped boots in the study", exc_info=True)
                 continue

@@ -42,8 +42,8 @@ from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
-from .candidates import Candidates, enumerate_space, point_key
 from .acceptance import accept_length, tree_widths
+from .candidates import Candidates, enumerate_space, point_key
 from .fit import Fit, fit_model, predict_levels, score_draws
 from .oom import fit_oom
 from .trials import TrialObs, parse_baseline, parse_measured
