@@ -12,7 +12,8 @@ The setting is the default experiment (`experiments/sim-default.toml`): its spac
 concurrency levels, weights, workload and noise band; the profile replaces the experiment's.
 
 Samplers, built by the search's own `make_sampler` (same seeds, same TPE settings):
-- random; tpe; plateau (plateau escape over TPE); model (model-guided over TPE);
+- random; tpe; plateau (plateau escape over TPE); model (model-guided over TPE); hybrid (the
+  default: the plateau probe, else the model where its fit is good, else TPE);
 - grid: the full grid in the order SGLang's `scripts/playground/bench_speculative.py` runs it
   (for each steps, for each topk, for each num_draft_tokens; skipping
   steps * topk + 1 < draft tokens; topk 1 with every draft count, which SGLang then adjusts to
@@ -35,6 +36,12 @@ Recorded real landscapes (`benchmarks/landscapes.py`: tables `benchmarks/record_
 wrote, each boot replaying one recorded repeat) run after the profiles, every sampler on each:
 by default every `benchmarks/data/*.parquet`; `--recorded FILE...` picks, `--recorded` alone
 runs none. The smoke test runs none unless given.
+
+Then the whole default search (`benchmarks/whole_search.py`; `--no-whole` skips it) on each
+profile: the search's own searcher with the default sampler, stop rule and KV gate, counting
+every boot (baseline and re-measurements), whether it stopped by itself, whether its pick is
+within 2% of the optimum, its refused boots, and its model's prediction error before each boot
+(also on the recorded landscapes).
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, max_draf
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENT = ROOT / "experiments" / "sim-default.toml"
 PROFILES = ("seed-qwen35-122b", "bench-two-regime", "bench-tile-shelves", "bench-noisy")
-SAMPLERS = ("random", "grid", "tpe", "plateau", "model")
+SAMPLERS = ("random", "grid", "tpe", "plateau", "model", "hybrid")
 TARGET = math.log(0.98)          # within 2% of the optimum's (weighted geometric) speedup
 TWO_REGIME_BUDGET = 25           # the issue's target: second regime within 25 trials
 
@@ -445,6 +452,24 @@ def report(rows: Sequence[Row], seeds: int, say: Callable[[str], None] = print) 
             f"{need}/{seeds}): {'MET' if met else 'NOT MET'}")
 
 
+DEFAULT = "hybrid"               # config.DEFAULT_SAMPLER
+DEFAULT_MEDIAN, DEFAULT_WORST = 6, 10
+
+
+def default_targets(rows: Sequence[Row], say: Callable[[str], None] = print) -> None:
+    """The default sampler's target on every profile and recorded landscape."""
+    mine = [r for r in rows if r.sampler == DEFAULT]
+    if not mine:
+        return
+    say("")
+    say(f"default sampler ({DEFAULT}): boots to 98% of the optimum, target median <= "
+        f"{DEFAULT_MEDIAN} and worst <= {DEFAULT_WORST} on every landscape:")
+    for r in mine:
+        ok = r.median <= DEFAULT_MEDIAN and r.worst <= DEFAULT_WORST
+        say(f"  {Path(r.profile).name:<28} median {_fmt(r.median, r.budget):>4}, worst "
+            f"{_fmt(r.worst, r.budget):>4}: {'MET' if ok else 'NOT MET'}")
+
+
 def _landscapes() -> Any:
     """benchmarks/landscapes.py, beside this script (the benchmarks are scripts, no package)."""
     here = str(Path(__file__).resolve().parent)
@@ -452,6 +477,15 @@ def _landscapes() -> Any:
         sys.path.insert(0, here)
     import landscapes
     return landscapes
+
+
+def _whole() -> Any:
+    """benchmarks/whole_search.py, beside this script."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import whole_search
+    return whole_search
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -468,6 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--recorded", nargs="*", default=None, metavar="PARQUET",
                     help="recorded landscapes to replay too (default: benchmarks/data/*.parquet;"
                          " the option alone: none)")
+    ap.add_argument("--no-whole", dest="whole", action="store_false",
+                    help="skip the whole default search (benchmarks/whole_search.py: boots in "
+                         "all with the baseline and re-measurements, self-stop, pick, refused "
+                         "boots, prediction error) on the profiles")
     args = ap.parse_args(argv)
     if args.smoke_test:
         args.profiles, args.seeds, args.budget, args.jobs = ["seed-qwen35-122b"], 1, 6, 1
@@ -481,9 +519,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run_benchmark(args.profiles, args.samplers, args.seeds, args.budget, args.jobs)
     if rows:
         report(rows, args.seeds)
+    rec_rows = []
     if recorded:
-        landscapes.report(landscapes.run_benchmark(recorded, args.samplers, args.seeds,
-                                                   args.budget, Row, args.jobs))
+        rec_rows = landscapes.run_benchmark(recorded, args.samplers, args.seeds, args.budget,
+                                            Row, args.jobs)
+        landscapes.report(rec_rows)
+    default_targets([*rows, *rec_rows])
+    if args.whole and args.profiles:
+        whole = _whole()
+        whole.report(whole.run(args.profiles, args.seeds, args.jobs))
+        whole.report_recorded(recorded, args.seeds)
     print(f"\nwall time {time.monotonic() - t0:.0f}s ({args.seeds} seeds, budget "
           f"{args.budget}, {args.jobs} process(es))")
     return 0

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from ..objective import pct
 from ..space import STEPS
+from . import predictions, validation
 from . import render as r
-from . import validation
 from .data import RunData, band_pct, fmt_value
 from .figures import Figure
 from .recommend import (
@@ -339,6 +339,7 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
     if not figures:
         out.append(r.Para("No figure: nothing usable was measured."))
     out += [r.Image(f.name, f.title, f.caption) for f in figures]
+    out += predictions.blocks(data)
     out += _trial_blocks(data)
     out.append(r.Heading(2, "How the figures are computed"))
     out.append(r.Bullets((

@@ -8,11 +8,14 @@
 - `plateau/`: `PlateauEscapeSampler`, which probes far beyond a plateau once, to tell a peak
   from a shelf;
 - `model/`: `ModelGuidedSampler`, which fits the physics of speculative decoding from the
-  trials and proposes by expected improvement.
+  trials and proposes by expected improvement;
+- `hybrid`: `HybridSampler`, the default: the plateau probe, else the model where its fit is
+  good, else TPE.
 """
 
 from __future__ import annotations
 
+from .hybrid import HybridSampler
 from .model import DECISION_ATTR, ModelGuidedSampler
 from .observations import (
     BASELINE_ATTR,
@@ -44,6 +47,7 @@ __all__ = [
     "OUTCOMES",
     "Baseline",
     "LevelObs",
+    "HybridSampler",
     "Measured",
     "ModelGuidedSampler",
     "PlannedSampler",

@@ -1,7 +1,7 @@
 """`python -m specdecode_tune.search`: find the best speculative-decoding settings.
 
 With no arguments it runs `experiments/sim-default.toml` on the embedded simulator: a local Ray
-cluster with logical GPUs, trials on GPU pairs, Optuna (plateau escape over TPE) proposing
+cluster with logical GPUs, trials on GPU pairs, Optuna (the hybrid sampler) proposing
 points, the no-speculation baseline first, re-measurement of the best points, live progress,
 and at the end the best config against the baseline with the plateau verdicts.
 
@@ -73,7 +73,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     g.add_argument("--fresh", action="store_true",
                    help="move an existing run dir aside and start over")
     ap.add_argument("--sampler", default=None,
-                    help="plateau | tpe | nsga2 | random | model (default: the experiment's)")
+                    help="hybrid | plateau | tpe | nsga2 | random | model (default: the "
+                         "experiment's)")
     ap.add_argument("--seed", type=int, default=None, help="sampler seed")
     return ap.parse_args(argv)
 

@@ -1,7 +1,8 @@
 """The one factory of the search's Optuna samplers, by the name `search.sampler` or `--sampler`
-gives (`config.SAMPLERS`): `tpe`, `random`, `nsga2` (Optuna's), `plateau` (plateau escape over
-TPE, the default) and `model` (model-guided over TPE). The search-efficiency benchmark builds
-its samplers here too, so that it measures the ones a search runs.
+gives (`config.SAMPLERS`): `hybrid` (the default: the plateau probe, else the model where its
+fit is good, else TPE; `samplers.hybrid`), `tpe`, `random`, `nsga2` (Optuna's), `plateau`
+(plateau escape over TPE) and `model` (model-guided over TPE). The search-efficiency benchmark
+builds its samplers here too, so that it measures the ones a search runs.
 
 TPE starts with min(6, max_trials) random trials; NSGA-II's population is max_trials / 2,
 clamped to [4, 20]. Every sampler is seeded with the run's seed.
@@ -30,6 +31,10 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
     if name == "plateau":
         from ..samplers import PlateauEscapeSampler
         return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
+    if name == "hybrid":
+        from ..samplers import HybridSampler
+        return HybridSampler(tpe, space=exp.space, fixed=exp.backend.flags,
+                             noise_band=exp.search.noise_band, seed=seed)
     if name == "model":
         from ..samplers import ModelGuidedSampler
         return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed,

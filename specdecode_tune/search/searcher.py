@@ -42,10 +42,12 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
 from ..space import DefineByRun
+from .stopping import PREDICTED_KEY, KVGate, StopRule
 
 __all__ = [
     "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES", "MEASURED_KEY",
-    "REPEAT_KEY", "SAMPLER_KEY", "FailureStreak", "ProposalSpace", "RepeatingSearcher",
+    "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY", "SKIPPED_ATTR", "STOP_ATTR",
+    "FailureStreak", "ProposalSpace", "RepeatingSearcher",
     "SpecOptunaSearch", "failure_signature", "params_key",
 ]
 
@@ -59,6 +61,9 @@ MAX_DUPLICATES = 25             # repeated proposals answered from data before g
 MEASURED_KEY = "measured"       # final result key: what the trial measured, as JSON text (a
                                 # dict would be flattened by Tune)
 INFEASIBLE_SCORE = -5.0         # told to Optuna with a violated constraint: never the best
+PREDICTED_ATTR = "predicted"    # Optuna trial user attr: the model's prediction at proposal
+STOP_ATTR = "stop_reason"       # Optuna study user attr: why exploring stopped before the cap
+SKIPPED_ATTR = "kv_skipped"     # Optuna study user attr: boots the KV gate did not make
 
 
 # The stop rule: this many trials in a row, at distinct configs, failed with the same reason.
@@ -168,7 +173,26 @@ class ProposalSpace(DefineByRun):
         if reason:
             constants[JUMP_KEY] = reason
         constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
+        predicted = _predict(trial)
+        if predicted is not None:
+            # What the model predicted before the boot, recorded with the trial (the report's
+            # predicted-vs-measured table; the KV gate reads its p_feasible).
+            constants[PREDICTED_KEY] = json.dumps(predicted)
+            trial.set_user_attr(PREDICTED_ATTR, predicted)
         return constants
+
+
+def _predict(trial: Any) -> dict[str, Any] | None:
+    """The sampler's model's prediction for the trial's point, when it has one."""
+    predict = getattr(trial.study.sampler, "predict", None)
+    if predict is None:
+        return None
+    try:
+        out = predict(trial.study, dict(trial.params))
+    except Exception:  # a prediction is advice: never the reason a trial does not run
+        log.debug("no prediction for trial %s", trial.number, exc_info=True)
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def _enqueued(trial: Any) -> bool:
@@ -223,7 +247,8 @@ class RepeatingSearcher(Searcher):
     def __init__(self, inner: SpecOptunaSearch, *, max_trials: int, repeats: int,
                  remeasure_top: int, default_band: float,
                  infeasible_score: float = INFEASIBLE_SCORE, metric: str = "score",
-                 mode: str = "max") -> None:
+                 mode: str = "max", stop_rule: StopRule | None = None,
+                 gate: KVGate | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.inner = inner
         self.max_trials = max_trials
@@ -245,6 +270,10 @@ class RepeatingSearcher(Searcher):
         self.followers: dict[str, list[str]] = {}
         self.repeat_budget = (remeasure_top + 1) * max(repeats, 2)
         self.streak = FailureStreak()
+        # max_trials is a cap: the stop rule ends exploring when the model knows (then the
+        # final re-measurements run); the gate skips boots the KV model says are refused.
+        self.stop_rule = stop_rule
+        self.gate = gate
 
     # -- Tune's Searcher interface -------------------------------------------------------------
 
@@ -261,13 +290,21 @@ class RepeatingSearcher(Searcher):
         if repeat is not None:
             self.repeat_budget -= 1
             return self._repeat(trial_id, *repeat)
+        if self.explored < self.max_trials and (self._blind() or self._knows()):
+            return None                      # wait for the running explorations first
         if self.explored >= self.max_trials:
+            repeat = self._next_repeat()     # the cap may have been reached just now
+            if repeat is not None:
+                self.repeat_budget -= 1
+                return self._repeat(trial_id, *repeat)
             return None if self.live else Searcher.FINISHED
         # A boot costs minutes: a point already measured is answered from the measurements
         # (told to Optuna at once), a point being measured now waits for that trial's answer,
         # and Optuna is asked again. After MAX_DUPLICATES such answers in a row the space is
         # taken as exhausted: the point runs as a re-measurement.
+        why: str | None = None
         for attempt in range(MAX_DUPLICATES):
+            why = None
             # Every proposal gets its own id: one answered from data is completed under it.
             probe = f"{trial_id}~{attempt}"
             proposal = self.inner.suggest(probe)
@@ -281,6 +318,19 @@ class RepeatingSearcher(Searcher):
                 self.followers.setdefault(running, []).append(probe)
                 self.duplicates += 1
                 continue
+            gate = self.__dict__.get("gate")      # a searcher pickled before the gate: None
+            why = None if known or key in self.infeasible or gate is None \
+                else gate.refuses(config, refused_before=bool(self.infeasible))
+            if why is not None and gate is not None:
+                # Predicted refused: told to Optuna as a refusal, never booted.
+                self.inner.on_trial_complete(probe, {self.metric: self.infeasible_score,
+                                                     "feasible": False, "reason": why})
+                self.duplicates += 1
+                try:
+                    self.inner.study().set_user_attr(SKIPPED_ATTR, gate.skipped)
+                except Exception:  # the record is advice: never fatal
+                    log.debug("could not store the skipped boots in the study", exc_info=True)
+                continue
             if not known and key not in self.infeasible:
                 # Tune's trial id owns the Optuna trial from here on.
                 self.inner._ot_trials[trial_id] = self.inner._ot_trials.pop(probe)
@@ -292,9 +342,70 @@ class RepeatingSearcher(Searcher):
                       else {self.metric: self.infeasible_score, "feasible": False})
             self.inner.on_trial_complete(probe, answer)
             self.duplicates += 1
+        if why is not None:
+            # The last proposal was one the gate skips: never booted as a re-measurement
+            # either; the best point is re-measured instead (or the search ends).
+            ranked = self.ranking()
+            if not ranked:
+                return None if self.live else Searcher.FINISHED
+            key = ranked[0][0]
+            config = self.configs[key]
         self.explored += 1
         self.configs.setdefault(key, config)
         return self._repeat(trial_id, key, len(self.scores.get(key, [])) + self._pending(key))
+
+    def _blind(self) -> bool:
+        """Whether the next proposal would be made blind, with an exploration running: until
+        one point has measured, the model and the KV gate have nothing to go on, and a blind
+        proposal in a space the server refuses half of is a refused boot half the time. A
+        search with the stop rule and a sampler that predicts then explores one at a time."""
+        if self.__dict__.get("stop_rule") is None or self.scores:
+            return False
+        if not hasattr(self.inner.study().sampler, "predict"):
+            return False
+        return any(n == 0 for _, n in self.live.values())
+
+    def _knows(self) -> bool:
+        """Whether the stop rule ends exploring now: True while it would but an exploration is
+        still running (the caller waits for its answer, then asks again); once none runs, the
+        cap becomes the explored count (the final re-measurements run, then the searcher
+        finishes) and the reason is stored in the study."""
+        rule = self.__dict__.get("stop_rule")      # a searcher pickled before the rule: None
+        if rule is None:
+            return False
+        done = self.__dict__.get("completed", 0)
+        if rule.why is None:
+            if self.__dict__.get("checked_at") == done:
+                # Nothing new since the last check: the same answer.
+                return bool(self.__dict__.get("waiting"))
+            self.checked_at = done
+            self.waiting = False
+            try:
+                study = self.inner.study()
+                # The narrower of the measured band and the experiment's: a noisy server's
+                # wide band must not make a small expected improvement look like noise.
+                why = rule.check(study, study.sampler, min(self.band, self.default_band),
+                                 self.explored)
+            except Exception:  # the rule is advice: a search never fails on it
+                log.debug("the stop rule could not be checked", exc_info=True)
+                return False
+            if why is None:
+                return False
+            if any(n == 0 for _, n in self.live.values()):
+                rule.why = None             # decided again once the running ones answered
+                self.waiting = True
+                return True
+            try:
+                study.set_user_attr(STOP_ATTR, why)
+            except Exception:  # the reason is also the searcher's: never fatal
+                log.debug("could not store the stop reason in the study", exc_info=True)
+        self.max_trials = self.explored
+        return False
+
+    @property
+    def stop_reason(self) -> str | None:
+        rule = self.__dict__.get("stop_rule")
+        return None if rule is None else rule.why
 
     def _repeat(self, trial_id: str, key: str, n: int) -> dict:
         self.live[trial_id] = (key, n)
@@ -310,6 +421,7 @@ class RepeatingSearcher(Searcher):
         key, n = self.live.pop(trial_id, (None, 0))
         if key is None:
             return
+        self.completed = self.__dict__.get("completed", 0) + 1
         if result:
             self.streak.observe(key, result.get("status"), result.get("reason"))
         if n == 0:

@@ -13,7 +13,7 @@ from ..store import read_table, rundir
 from .baseline import BASELINE_ID
 from .preflight import RunPlan
 from .progress import say
-from .searcher import FailureStreak
+from .searcher import SKIPPED_ATTR, STOP_ATTR, FailureStreak
 
 
 def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
@@ -27,7 +27,45 @@ def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
     report(plan)
     say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
         f"Optuna study: {rundir.journal_file(plan.local_dir)}")
+    for line in why_stopped(plan, stopped):
+        say(line)
     return stopped
+
+
+def why_stopped(plan: RunPlan, stopped: str | None) -> list[str]:
+    """The last lines: why the search stopped (the stop rule's reason, read from the study,
+    else the cap), and the boots the KV gate did not make."""
+    if stopped:
+        return [f"stopped: {stopped}"]
+    attrs = study_attrs(plan)
+    skipped = attrs.get(SKIPPED_ATTR) or []
+    lines = []
+    if skipped:
+        lines.append(f"not booted: {len(skipped)} point(s) the fitted KV model says the server "
+                     f"refuses (e.g. {skipped[0].get('params')})")
+    reason = attrs.get(STOP_ATTR)
+    if reason:
+        lines.append(f"stopped: {reason}; then the re-measurements")
+    else:
+        lines.append(f"stopped: the trial cap (max_trials = {plan.exp.search.max_trials}, or "
+                     f"--max-trials) was reached, then the re-measurements")
+    return lines
+
+
+def study_attrs(plan: RunPlan) -> dict:
+    """The Optuna study's user attrs, read from the run's journal ({} where there is none)."""
+    journal = rundir.journal_file(plan.local_dir)
+    if not journal.exists():
+        return {}
+    try:
+        import optuna
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        storage = JournalStorage(JournalFileBackend(str(journal)))
+        return dict(optuna.load_study(study_name=plan.name, storage=storage).user_attrs)
+    except Exception:  # noqa: BLE001 - the closing line must not fail the search
+        return {}
 
 
 def stopped_early(plan: RunPlan) -> str | None:

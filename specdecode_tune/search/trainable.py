@@ -33,6 +33,7 @@ from ..store.codec import read_checkpoint, write_checkpoint
 from ..trial import TrialContext, record_trial, run_trial
 from .ray_cluster import node_id
 from .searcher import INFEASIBLE_SCORE, JUMP_KEY, MEASURED_KEY, REPEAT_KEY, SAMPLER_KEY
+from .stopping import PREDICTED_KEY
 
 
 def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSummary]
@@ -94,7 +95,8 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     record_trial(trial_ctx, result, started_at=started_at, extra={
         "score": value if isinstance(value, float) else None,
         "jump_reason": config.get(JUMP_KEY),
-        "sampler": config.get(SAMPLER_KEY, exp.search.sampler), "node_id": node_id()})
+        "sampler": config.get(SAMPLER_KEY, exp.search.sampler), "node_id": node_id(),
+        "predicted": config.get(PREDICTED_KEY)})
     tune.report(final_result(exp, result, feasible, value))
 
 

@@ -3,7 +3,8 @@
 A new run gets its Optuna study in `optuna.journal` (readable by `optuna-dashboard`), the
 baseline told to the study (`samplers.baseline_attr`: levels, weights, server facts, the KV
 tokens of one request), the searcher (`RepeatingSearcher` over `SpecOptunaSearch` for a scalar
-score; `SpecOptunaSearch` alone for Pareto objectives) and the trainable on its resources; a
+score, with the stop rule and the KV gate of `stopping`; `SpecOptunaSearch` alone for Pareto
+objectives) and the trainable on its resources; a
 resumed run restores all of it from Tune's experiment state, the searcher and the sampler
 pickled with it. `keep_experiment` copies the experiment file into the run dir (the report and
 a later resume read the settings the run started with), `move_aside` makes room for `--fresh`.
@@ -27,6 +28,7 @@ from .preflight import RunPlan
 from .progress import Progress
 from .sampler_factory import make_sampler
 from .searcher import FailureStreak, ProposalSpace, RepeatingSearcher, SpecOptunaSearch
+from .stopping import KVGate, StopRule
 from .trainable import trainable
 
 
@@ -81,7 +83,8 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
     else:
         search_alg = RepeatingSearcher(optuna_search, max_trials=max_trials,
                                        repeats=s.repeats, remeasure_top=s.remeasure_top,
-                                       default_band=s.noise_band)
+                                       default_band=s.noise_band, stop_rule=StopRule(),
+                                       gate=KVGate())
         num_samples = -1
     return tune.Tuner(
         fn,

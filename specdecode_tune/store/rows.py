@@ -140,6 +140,7 @@ def trials_table(result: TrialResult, *, extra: Mapping[str, Any] | None = None)
         "node_id": extra.get("node_id"),
         "started_at": _timestamp("started_at", extra.get("started_at")),
         "finished_at": _timestamp("finished_at", extra.get("finished_at")),
+        "predicted": extra.get("predicted"),
     }
     return _table(TRIALS_SCHEMA, {k: [v] for k, v in row.items()})
 

@@ -109,6 +109,9 @@ TRIALS_SCHEMA = _schema(KEY_FIELDS + [
     _f("node_id", pa.string()),           # Ray node id (tells raylets on one host apart)
     _f("started_at", _TS),
     _f("finished_at", _TS),
+    # The sampler's model's prediction before the boot (JSON: tok_s per level, accept_length,
+    # score, p_feasible, fit_error); null where the sampler has no model or no fit yet.
+    _f("predicted", pa.string()),
 ], "trials")
 
 # GPU telemetry (specdecode_tune.telemetry): one row per GPU per sample of a measured level,
@@ -164,4 +167,4 @@ SORT_KEYS: dict[str, list[tuple[str, str]]] = {
 
 # Keys `write_trial(extra=...)` accepts: what the search knows and the trial result does not.
 TRIAL_EXTRA_KEYS = ("score", "jump_reason", "sampler", "node", "node_id", "started_at",
-                    "finished_at")
+                    "finished_at", "predicted")

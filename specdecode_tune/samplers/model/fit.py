@@ -8,7 +8,8 @@ the search measured first. `score_draws` draws it jointly over the posteriors (a
 sibling share, KV line, step-time coefficients) for every candidate, -inf where a draw says the
 server would refuse the boot. A refused boot also marks, by monotonicity, its neighbourhood
 (`ruled_out`): out of memory at (mem, n) => at every higher mem and n; not enough KV memory at
-(mem, n) => at every lower mem and higher n.
+(mem, n) => at every lower mem and higher n; and the out-of-memory boundary line fitted to the
+refusals and the boots that ran (`oom`) refuses the points above it in each draw.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..observations import Baseline
 from .acceptance import AcceptanceFit, accept_length, fit_acceptance, tree_widths
 from .candidates import Candidates
 from .kv import KVFit, fit_kv
+from .oom import OOMFit, fit_oom
 from .steptime import N_FEATURES, StepFit, StepRows, fit_step, step_features
 from .trials import TrialObs
 
@@ -38,6 +40,7 @@ class Fit:
     infeasible: tuple[tuple[str, int, float | None], ...]   # (kind, draft, mem) refused boots
     rms: float                      # in-sample error of log tok/s, the whole model
     points: int                     # feasible speculative trials used
+    oom: OOMFit | None = None       # the out-of-memory boundary, once a boot ran out
 
 
 def _step_rows(obs: Sequence[TrialObs], base: Baseline, kv: KVFit,
@@ -97,7 +100,7 @@ def fit_model(obs: Sequence[TrialObs], base: Baseline, cands: Candidates,
     infeasible = tuple((o.failure, o.draft, o.mem) for o in obs
                        if not o.feasible and o.failure in ("oom", "kv"))
     fit = Fit(base=base, accept=accept, kv=kv, step=step, infeasible=infeasible, rms=0.0,
-              points=len(spec))
+              points=len(spec), oom=fit_oom(obs))
     return dataclasses.replace(fit, rms=_in_sample_rms(fit, spec))
 
 
@@ -181,6 +184,9 @@ def level_draws(fit: Fit, cands: Candidates, rng: np.random.Generator, draws: in
     if fit.kv.reserve:
         ok &= kv >= fit.kv.reserve
     ok &= ~ruled_out(fit, cands)[None, :]
+    if fit.oom is not None:
+        alpha, beta = fit.oom.draws(rng, draws)
+        ok &= ~fit.oom.refused(alpha, beta, cands.mem, n)
     s = cands.steps.astype(float)
     k = cands.topk.astype(float)
     out: dict[int, np.ndarray] = {}

@@ -15,6 +15,10 @@ takes the trial instead on:
   model cannot express; the base sampler then searches it as a black box;
 - nothing left: every configuration the model can name was measured or is running.
 
+Once a boot was refused (out of memory, not enough KV memory), the model proposes only points
+that boot in at least `SAFE_P` of its posterior draws (while any remain): the first refusal is
+the probe of the boundary, the next points stay on its safe side.
+
 Every trial records who proposed it and why (the user attr "model_guided"). The sampler keeps
 nothing between trials but its settings (the study holds the data), so it pickles with the
 searcher and a fresh instance over a resumed study carries on. Its only randomness is the
@@ -23,6 +27,7 @@ posterior draws, seeded by (seed, trial number), and the base sampler's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,17 +36,22 @@ import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
+from .acceptance import accept_length, tree_widths
 from .candidates import Candidates, enumerate_space, point_key
-from .fit import Fit, fit_model, level_draws, score_of
-from .trials import parse_baseline, parse_measured
+from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
+from .oom import fit_oom
+from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
+# Once a refusal has measured a boundary, a point is proposed only where at least this share
+# of the posterior draws boots it (the KV gate of the search applies the same share).
+SAFE_P = 0.5
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -56,6 +66,9 @@ class ModelGuidedSampler(PlannedSampler):
         min_trials: finished trials before the model may propose (the base sampler's first ones).
         max_residual: in-sample relative error of tok/s above which the model hands over.
         draws: posterior draws for EI.
+        pessimistic_running: a point another trial is measuring counts, for the out-of-memory
+            boundary of this proposal, as refused (two concurrent boots do not both bet on a
+            boundary neither has measured).
         seed: seeds the draws (and the default base sampler).
         per_level: propose by the expected improvement of any level's best measured tok/s
             (the largest over levels), not of the score: a per-batch-size schedule uses the
@@ -73,6 +86,7 @@ class ModelGuidedSampler(PlannedSampler):
         min_trials: int = 2,
         max_residual: float = 0.08,
         draws: int = 48,
+        pessimistic_running: bool = False,
         seed: int | None = None,
         per_level: bool = False,
     ) -> None:
@@ -91,6 +105,7 @@ class ModelGuidedSampler(PlannedSampler):
         self._max_residual = float(max_residual)
         self._draws = draws
         self._seed = 0 if seed is None else int(seed)
+        self._pessimistic = bool(pessimistic_running)
         self._cache: dict[tuple, Candidates] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -115,29 +130,15 @@ class ModelGuidedSampler(PlannedSampler):
     def decide(self, study: Study, number: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(the decision recorded on the trial, the planned point or None for the base)."""
         trials = study.get_trials(deepcopy=False)
-        finished = [t for t in trials if t.state.is_finished()]
-        if len(finished) < self._min_trials:
-            return _base(f"thin data: {len(finished)} finished trial(s), the model starts "
-                         f"after {self._min_trials}"), None
-        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
-        if base is None:
-            return _base(f"no baseline in study.user_attrs[{BASELINE_ATTR!r}]"), None
-        obs = []
-        for t in finished:
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
-            if o is not None:
-                obs.append(o)
-        cands = self._candidates(trials)
-        if cands is None:
-            return _base("no speculative configuration in the space"), None
-        depth = int(cands.steps.max())
-        fit = fit_model(obs, base, cands, depth)
-        if fit is None:
-            return _base("thin data: no feasible speculative trial with measurements"), None
-        band = study.user_attrs.get(NOISE_BAND_ATTR)
-        limit = self._max_residual
-        if isinstance(band, (int, float)) and math.isfinite(band):
-            limit = max(limit, 1.5 * float(band))
+        state = self.fitted(study, trials)
+        if isinstance(state, str):
+            return _base(state), None
+        fit, cands, obs = state
+        if self.__dict__.get("_pessimistic"):
+            liars = self._running_as_refused(trials, number)
+            if liars:
+                fit = dataclasses.replace(fit, oom=fit_oom([*obs, *liars]))
+        limit = self.fit_limit(study)
         if fit.rms > limit:
             return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
                          fit), None
@@ -165,9 +166,15 @@ class ModelGuidedSampler(PlannedSampler):
         ei = gain.mean(axis=0)
         level_note = ""
         if self._per_level:
-            ei, level_note = _level_ei(levels, feasible, obs, base)
+            ei, level_note = _level_ei(levels, feasible, obs, fit.base)
         # Infeasible draws count as a very bad score in the tie-break, not as no information.
         mean = np.where(feasible, scores, -10.0).mean(axis=0)
+        if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
+            # A refusal measured the boundary once: from here on, points the server more
+            # likely refuses than boots are not proposed (while others remain).
+            likely = feasible.mean(axis=0) >= SAFE_P
+            if (free & likely).any():
+                free = free & likely
         order = np.lexsort((-mean, -ei))          # EI first, then the mean score
         order = order[free[order]]
         best = int(order[0])
@@ -179,6 +186,7 @@ class ModelGuidedSampler(PlannedSampler):
             "by": "model",
             "why": (f"expected improvement {ei[best]:+.4f} of {level_note}" if level_note
                     else f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}"),
+            "ei": float(ei[best]),
             "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -187,6 +195,86 @@ class ModelGuidedSampler(PlannedSampler):
             "accept_measured_to": fit.accept.measured_depth,
         }
         return decision, plan
+
+    def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int
+                            ) -> list[TrialObs]:
+        """The points other trials are measuring now, as if the server had refused them for
+        memory: a proposal made while they run does not bet on the boundary they probe."""
+        out = []
+        for t in trials:
+            if t.state != TrialState.RUNNING or t.number == number or not t.params:
+                continue
+            key = self._key_of(t.params)
+            if key == ("baseline",):
+                continue
+            steps, topk, draft, mem = key
+            out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
+                                failure="oom", kv=None, limit=None, levels=()))
+        return out
+
+    def fitted(self, study: Study, trials: Sequence[FrozenTrial] | None = None
+               ) -> tuple[Fit, Candidates, list[TrialObs]] | str:
+        """The model fitted to the study's finished trials (with the candidates and the
+        observations), or why there is none (a sentence)."""
+        trials = study.get_trials(deepcopy=False) if trials is None else trials
+        finished = [t for t in trials if t.state.is_finished()]
+        if len(finished) < self._min_trials:
+            return (f"thin data: {len(finished)} finished trial(s), the model starts "
+                    f"after {self._min_trials}")
+        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
+        if base is None:
+            return f"no baseline in study.user_attrs[{BASELINE_ATTR!r}]"
+        obs = []
+        for t in finished:
+            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
+            if o is not None:
+                obs.append(o)
+        cands = self._candidates(trials)
+        if cands is None:
+            return "no speculative configuration in the space"
+        fit = fit_model(obs, base, cands, int(cands.steps.max()))
+        if fit is None:
+            return "thin data: no feasible speculative trial with measurements"
+        return fit, cands, obs
+
+    def fit_limit(self, study: Study) -> float:
+        """The in-sample error above which the model hands over (its own, or 1.5 bands)."""
+        band = study.user_attrs.get(NOISE_BAND_ATTR)
+        limit = self._max_residual
+        if isinstance(band, (int, float)) and math.isfinite(band):
+            limit = max(limit, 1.5 * float(band))
+        return limit
+
+    def predict(self, study: Study, sampled: Mapping[str, Any], *, draws: int = 64
+                ) -> dict[str, Any] | None:
+        """What the model fitted to the study's finished trials predicts for one point (before
+        it is booted): tok/s per level and acceptance length of the mean model, the mean score
+        and the share of posterior draws in which the server accepts the boot. None where
+        there is no fit, or the point is not one the model can name (the baseline, say)."""
+        state = self.fitted(study)
+        if isinstance(state, str):
+            return None
+        fit, cands, _ = state
+        key = self._key_of(sampled)
+        try:
+            i = cands.keys.index(key)
+        except ValueError:
+            return None
+        steps, topk, draft, mem = key
+        one = _one(cands, i)
+        rng = np.random.default_rng([self._seed, 7919, len(study.get_trials(deepcopy=False))])
+        scores = score_draws(fit, one, rng, draws)[:, 0]
+        ok = np.isfinite(scores)
+        levels = predict_levels(fit, steps, topk, draft, mem)
+        return {
+            "tok_s": None if levels is None else {str(c): float(v) for c, v in levels.items()},
+            "accept_length": _accept_of(fit, steps, topk, draft),
+            "score": float(scores[ok].mean()) if ok.any() else None,
+            "p_feasible": float(ok.mean()),
+            "fit_error": round(fit.rms, 5),
+            "fit_ok": fit.rms <= self.fit_limit(study),
+            "trials": fit.points,
+        }
 
     def _key_of(self, sampled: Mapping[str, Any]) -> tuple:
         params = resolve(sampled, self._fixed)
@@ -233,6 +321,21 @@ def _level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Seque
         eis.append(gain.mean(axis=0))
     ei = np.max(np.stack(eis), axis=0) if eis else np.zeros(feasible.shape[1])
     return ei, "any level's best (log tok/s)"
+
+
+def _one(cands: Candidates, i: int) -> Candidates:
+    """The candidates reduced to the one at index `i` (its own triple table)."""
+    return Candidates(sampled=(cands.sampled[i],), keys=(cands.keys[i],),
+                      steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
+                      draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
+                      triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
+
+
+def _accept_of(fit: Fit, steps: int, topk: int, draft: int) -> float:
+    """The mean model's acceptance length (tokens per verify step) of one configuration."""
+    widths = tree_widths(fit.accept.p_mean, fit.accept.h_mean, steps, topk, draft - 1)[-1]
+    return float(accept_length(fit.accept.p_mean[None, :], np.array([fit.accept.h_mean]),
+                               widths)[0])
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""`HybridSampler`, the default: the model proposes where its fit is good, the plateau question
+stays explicit, and TPE takes over where the fit is poor.
+
+Before each fresh trial, in this order:
+
+1. **The plateau question.** The plateau-escape logic (`plateau/`) looks for a plateau around
+   the incumbent; when it finds one, this trial is its far probe (the jump, with its reason and,
+   once it finishes, its outcome recorded on the trial and in the study's `plateau_events`, as
+   `PlateauEscapeSampler` records them). One probe at a time, never for an enqueued trial.
+2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft
+   position, step time and the KV budget to what the trials measured and proposes the point of
+   largest expected improvement, when its fit is good: its error on the measured points
+   (each measured level's tok/s as the fitted model predicts it, relative, RMS) is at most
+   `max_residual` (8%) or 1.5 noise bands, whichever is larger. A point another trial is
+   measuring counts as refused for the memory boundary of this proposal, so two concurrent
+   boots do not both bet on a boundary neither has measured.
+3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express), thin
+   (no finished trial, no feasible speculative one: the model starts after one), or the space
+   holds nothing the model can name, the trial goes to the base sampler (TPE), which searches
+   it as a black box.
+
+Why this is the default: on the benchmark's simulator profiles and recorded real landscapes
+(`benchmarks/search_efficiency.py`) the model reaches 98% of the optimum in a few boots where
+TPE and plateau-over-TPE need tens; the plateau probe keeps the one question a model fitted to
+the near side of a plateau cannot answer by itself (it extrapolates; the probe measures); and
+TPE keeps the search going where the model's physics do not hold.
+
+Every trial records who proposed it and why (user attr "model_guided": `by` is "plateau",
+"model" or "base"). `predict(study, params)` is the model's prediction for any point before it
+is booted (the search records it with the trial, the stop rule and the KV gate read it;
+`search.stopping`). Everything lives in the study, so the sampler pickles with the searcher and
+a fresh instance over a resumed study carries on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from ..space import ParamSpec
+from .model import DECISION_ATTR, ModelGuidedSampler
+from .planned import PlannedSampler, set_trial_user_attr
+from .plateau import PlateauEscapeSampler
+from .plateau import events as ev
+
+
+class HybridSampler(PlannedSampler):
+    """Plateau probe, else the model where its fit is good, else `base_sampler` (TPE).
+
+    Args:
+        base_sampler: proposes where neither plans (default `TPESampler(seed=seed)`).
+        space, fixed: the experiment's searched parameters and fixed flags (as for
+            `ModelGuidedSampler`).
+        noise_band: the plateau logic's band until the search measures one.
+        max_residual: the model's fit error (relative tok/s) above which TPE takes over.
+        seed: seeds the model's posterior draws (and the default base sampler).
+    """
+
+    plan_key = "hybrid:plan"     # trial system attr: which part planned it ("plateau"/"model")
+
+    def __init__(
+        self,
+        base_sampler: BaseSampler | None = None,
+        *,
+        space: Sequence[ParamSpec] | None = None,
+        fixed: Mapping[str, Any] | None = None,
+        noise_band: float = 0.025,
+        max_residual: float = 0.08,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(base_sampler, seed)
+        # Both parts share the one base sampler; neither's own before_trial runs (this one's
+        # calls the base's once), so the base sees each trial once.
+        self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed)
+        self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
+                                         max_residual=max_residual, min_trials=1,
+                                         pessimistic_running=True, seed=seed)
+
+    @property
+    def model(self) -> ModelGuidedSampler:
+        return self._model
+
+    @property
+    def plateau(self) -> PlateauEscapeSampler:
+        return self._plateau
+
+    # ------------------------------------------------------------------ the planned hooks
+
+    def plan_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._plateau.plan_trial(study, trial)
+        if self._plateau.plan_of(study, trial) is not None:
+            event = ev.event_of(ev.load_events(study), trial.number)
+            reason = "" if event is None else event["reason"]
+            set_trial_user_attr(study, trial, DECISION_ATTR,
+                                {"by": "plateau", "why": reason})
+            self.store_plan(study, trial, "plateau")
+            return
+        self._model.plan_trial(study, trial)
+        if self._model.plan_of(study, trial) is not None:
+            self.store_plan(study, trial, "model")
+
+    def planned_value(self, study: Study, trial: FrozenTrial, plan: Any, name: str,
+                      dist: BaseDistribution) -> Any:
+        part: PlannedSampler = self._plateau if plan == "plateau" else self._model
+        own = part.plan_of(study, trial)
+        return None if own is None else part.planned_value(study, trial, own, name, dist)
+
+    def trial_finished(self, study: Study, trial: FrozenTrial, state: TrialState,
+                       values: Sequence[float] | None) -> None:
+        self._plateau.trial_finished(study, trial, state, values)
+
+    # ------------------------------------------------------------------ what the search asks
+
+    def predict(self, study: Study, sampled: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The model's prediction for `sampled` from the finished trials (`ModelGuidedSampler
+        .predict`), or None where there is no fit."""
+        return self._model.predict(study, sampled)
+
+    def outlook(self, study: Study) -> dict[str, Any]:
+        """What the next fresh trial would be, without planning one: {"by": "plateau", "why"}
+        when a plateau is open (a probe decided or running, or one the next trial would start),
+        else the model's decision ({"by": "model", "ei": the best remaining expected
+        improvement, ...} or {"by": "base", "why"})."""
+        trials = study.get_trials(deepcopy=False)
+        events = ev.load_events(study)
+        self._plateau._resolve_stale(events, trials)
+        open_ = [e for e in events if e["outcome"] is None]
+        if open_:
+            return {"by": "plateau", "why": f"the plateau probe of trial "
+                                            f"{open_[0]['trial_number']} has no answer yet"}
+        band = self._plateau._band(study)
+        plateau, _ = self._plateau._find_jump(study, trials, events, band)
+        if plateau is not None:
+            return {"by": "plateau", "why": f"a plateau on {plateau.axis} is not probed yet"}
+        decision, _ = self._model.decide(study, len(trials))
+        return decision

@@ -1,0 +1,70 @@
+"""The out-of-memory boundary: which (memory fraction, draft tokens) the server refuses at boot.
+
+SGLang needs room outside the static pool (1 - mem_fraction_static of the GPU) for buffers that
+grow with the tokens verified per step (CUDA-graph capture of the draft and verify passes); with
+too little it fails the boot with "CUDA out of memory" (the simulator copies the rule:
+`sim/boot.py`, headroom need = fixed + per-token * cuda_graph_max_bs * n). So a boot at
+(mem, n) runs out of memory where mem > alpha - beta * n, beta >= 0: a boundary line, unknown.
+
+This module keeps the set of lines consistent with what was measured (a version space):
+every refused boot of kind "oom" at (m, n) says alpha - beta * n < m; every boot that ran at
+(m, n) says alpha - beta * n >= m. Over a grid of slopes beta, each consistent slope has an
+interval of alpha. A point is refused in a draw when it lies above the drawn line; where every
+consistent line says so, the refusal is certain (p_feasible 0). With no refusal measured yet
+nothing bounds the line from above and nothing is predicted refused: the first out-of-memory
+boot is the probe that measures the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .trials import TrialObs
+
+SLOPES = np.linspace(0.0, 0.05, 101)     # mem fraction per draft token: 0 .. 0.8 over 16
+
+
+@dataclass(frozen=True)
+class OOMFit:
+    beta: np.ndarray            # consistent slopes
+    lo: np.ndarray              # alpha >= lo (per slope; -inf where nothing ran)
+    hi: np.ndarray              # alpha < hi (per slope)
+
+    def draws(self, rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, beta) of `m` lines drawn from the version space (uniform slope, uniform
+        alpha in its interval; an interval open below spans 0.2 under its top)."""
+        i = rng.integers(len(self.beta), size=m)
+        lo = np.where(np.isfinite(self.lo[i]), self.lo[i], self.hi[i] - 0.2)
+        alpha = lo + (self.hi[i] - lo) * rng.random(m)
+        return alpha, self.beta[i]
+
+    def refused(self, alpha: np.ndarray, beta: np.ndarray, mem: np.ndarray,
+                n: np.ndarray) -> np.ndarray:
+        """(draws, N): whether each drawn line refuses each point."""
+        return mem[None, :] > alpha[:, None] - beta[:, None] * n[None, :] + 1e-9
+
+    def p_feasible(self, mem: float, n: float) -> float:
+        """The share of the version space (slopes uniform, alpha uniform) that boots (mem, n)."""
+        need = mem + self.beta * n
+        lo = np.where(np.isfinite(self.lo), self.lo, self.hi - 0.2)
+        span = np.maximum(self.hi - lo, 1e-12)
+        return float(np.mean(np.clip((self.hi - need) / span, 0.0, 1.0)))
+
+
+def fit_oom(obs: Sequence[TrialObs]) -> OOMFit | None:
+    """The version space of boundary lines, or None where no out-of-memory boot bounds it."""
+    oom = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs
+           if not o.feasible and o.failure == "oom"]
+    if not oom:
+        return None
+    ran = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs if o.feasible]
+    b = SLOPES
+    hi = np.min([m + b * n for m, n in oom], axis=0)
+    lo = np.max([m + b * n for m, n in ran], axis=0) if ran else np.full(b.shape, -np.inf)
+    ok = lo < hi
+    if not ok.any():
+        return None             # no line explains the data: the rule does not hold here
+    return OOMFit(beta=b[ok], lo=lo[ok], hi=hi[ok])

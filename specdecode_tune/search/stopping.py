@@ -1,0 +1,124 @@
+"""When a search knows enough, and which boots it need not make.
+
+`max_trials` is a cap, not a target: a boot of a 100B+ model costs minutes of a GPU pair, and a
+search that has learnt where the optimum is should not spend the rest of its budget confirming
+it. Two rules, asked by `RepeatingSearcher` (`search.searcher`) before each boot:
+
+- `StopRule`: exploring stops (the final re-measurements still run, then the searcher finishes)
+  when all of these hold:
+  - at least `min_explored` points were explored, and no exploration is still running (its
+    answer could change the model);
+  - the sampler's model fits the measurements well (its in-sample error is under its limit:
+    where it does not, nothing is known and the search runs to its cap);
+  - no plateau question is open: no far probe decided or running, and none the next trial
+    would start (`HybridSampler.outlook`);
+  - the best remaining expected improvement over every configuration not yet measured is
+    inside the noise band: at most `ei_fraction` of the band (the narrower of the one the
+    repeats measured and the experiment's `search.noise_band`, so that a noisy server's wide
+    band does not pass a gain worth a boot as noise; EI is a mean over posterior draws, in the
+    score's units, log-speedup).
+  The reason is kept (`StopRule.why`) and printed on the search's last lines.
+- `KVGate`: before a boot, a point the fitted memory model (the KV budget line, the
+  out-of-memory boundary, the neighbourhoods refused boots rule out: `samplers.model`) says the
+  server will refuse (the share of posterior draws in which the boot succeeds is at most
+  `max_p_feasible`, 5%) is not booted: Optuna is told a violated constraint, as for a refusal,
+  and the point is recorded as skipped with the prediction. Where the fit is unsure the point
+  is booted once: that probe measures the boundary. After the search's first refused boot,
+  points that boot in fewer than `after_refusal` (half) of the draws are skipped too, so the
+  next boots stay on the boundary's safe side.
+
+Both read the sampler's `outlook` / `predict` (`samplers.HybridSampler`, the default) and do
+nothing for samplers without them: the other samplers run to `max_trials` and boot what they
+propose, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+PREDICTED_KEY = "_predicted"     # config key: the model's prediction at proposal time (JSON)
+
+
+class StopRule:
+    """Whether exploring can stop: the model knows, and no plateau question is open."""
+
+    def __init__(self, *, min_explored: int = 4, ei_fraction: float = 0.25) -> None:
+        if isinstance(min_explored, bool) or not isinstance(min_explored, int) \
+                or min_explored < 1:
+            raise ValueError(f"min_explored must be an int >= 1, got {min_explored!r}")
+        if not (isinstance(ei_fraction, (int, float)) and math.isfinite(ei_fraction)
+                and ei_fraction > 0):
+            raise ValueError(f"ei_fraction must be a number > 0, got {ei_fraction!r}")
+        self.min_explored = min_explored
+        self.ei_fraction = float(ei_fraction)
+        self.why: str | None = None
+
+    def check(self, study: Any, sampler: Any, band: float, explored: int) -> str | None:
+        """Why exploring stops now (also kept in `why`), or None to go on."""
+        if self.why is not None:
+            return self.why
+        outlook = getattr(sampler, "outlook", None)
+        if outlook is None or explored < self.min_explored:
+            return None
+        o = outlook(study)
+        if o.get("by") != "model" or not isinstance(o.get("ei"), (int, float)):
+            return None
+        limit = self.ei_fraction * band
+        if o["ei"] > limit:
+            return None
+        self.why = (f"the model knows: the best remaining expected improvement is "
+                    f"{o['ei']:+.4f} (log-speedup), inside the noise band "
+                    f"(<= {limit:.4f}, {self.ei_fraction:g} of +-{band:.3f}); the model's fit "
+                    f"error is {o.get('fit_error', 0.0):.1%}; no plateau question is open; "
+                    f"{explored} points explored")
+        return self.why
+
+
+class KVGate:
+    """Skips boots the fitted KV model is sure the server refuses."""
+
+    def __init__(self, *, max_p_feasible: float = 0.05, after_refusal: float = 0.5) -> None:
+        if not (isinstance(max_p_feasible, (int, float)) and 0 <= max_p_feasible < 1):
+            raise ValueError(f"max_p_feasible must be in [0, 1), got {max_p_feasible!r}")
+        if not (isinstance(after_refusal, (int, float))
+                and max_p_feasible <= after_refusal < 1):
+            raise ValueError(f"after_refusal must be in [max_p_feasible, 1), got "
+                             f"{after_refusal!r}")
+        self.max_p_feasible = float(max_p_feasible)
+        self.after_refusal = float(after_refusal)
+        self.skipped: list[dict[str, Any]] = []
+
+    def refuses(self, config: Mapping[str, Any], refused_before: bool = False) -> str | None:
+        """Why this proposal is not booted (a sentence), or None to boot it. Reads the
+        prediction the proposal carries (`PREDICTED_KEY`). `refused_before`: the server has
+        refused a boot of this search already (the boundary was probed once: an unsure point,
+        booting in fewer than `after_refusal` of the draws, is skipped too)."""
+        pred = prediction_of(config)
+        if pred is None or not isinstance(pred.get("p_feasible"), (int, float)):
+            return None
+        p = float(pred["p_feasible"])
+        limit = self.after_refusal if refused_before else self.max_p_feasible
+        if p > limit or (refused_before and p >= limit):
+            return None
+        point = {k: v for k, v in config.items() if not k.startswith("_")}
+        why = (f"not booted: the fitted KV model says the server refuses it (the boot "
+               f"succeeds in {p:.0%} of the posterior draws, "
+               + (f"under {limit:.0%} after a refusal)" if refused_before
+                  else f"<= {limit:.0%})"))
+        self.skipped.append({"params": point, "p_feasible": p, "why": why})
+        return why
+
+
+def prediction_of(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The prediction a proposed config carries, or None."""
+    raw = config.get(PREDICTED_KEY)
+    if not raw:
+        return None
+    try:
+        pred = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except (TypeError, ValueError):
+        return None
+    return pred if isinstance(pred, dict) else None

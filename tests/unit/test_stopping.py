@@ -1,0 +1,193 @@
+"""The default sampler, the stop rule and the KV gate, driven directly (no cluster)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from ray.tune.search import Searcher
+
+from specdecode_tune.config import SAMPLERS, SearchConfig, load_experiment
+from specdecode_tune.samplers import DECISION_ATTR, HybridSampler
+from specdecode_tune.search.sampler_factory import make_sampler
+from specdecode_tune.search.searcher import REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
+from specdecode_tune.search.stopping import PREDICTED_KEY, KVGate, StopRule
+from specdecode_tune.space import DefineByRun, ParamSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_hybrid_is_the_default_and_the_others_stay_selectable() -> None:
+    assert SearchConfig().sampler == "hybrid"
+    assert {"hybrid", "plateau", "model", "tpe", "random", "nsga2"} <= set(SAMPLERS)
+    exp = load_experiment(REPO / "experiments" / "sim-default.toml")
+    assert exp.search.sampler == "hybrid"
+    assert isinstance(make_sampler("hybrid", exp, 0), HybridSampler)
+
+
+class Outlook:
+    """A sampler stand-in whose outlook is set by the test."""
+
+    def __init__(self, outlook: dict) -> None:
+        self.value = outlook
+
+    def outlook(self, study: object) -> dict:
+        return self.value
+
+
+@pytest.mark.parametrize(("outlook", "explored", "stops"), [
+    ({"by": "model", "ei": 0.001, "fit_error": 0.01}, 5, True),
+    ({"by": "model", "ei": 0.05, "fit_error": 0.01}, 5, False),      # still worth a boot
+    ({"by": "model", "ei": 0.001}, 2, False),                          # too few points
+    ({"by": "plateau", "why": "a plateau on steps is not probed yet"}, 5, False),
+    ({"by": "base", "why": "poor fit"}, 5, False),                     # nothing known
+])
+def test_the_stop_rule_needs_a_good_fit_no_open_plateau_and_ei_inside_the_band(
+        outlook: dict, explored: int, stops: bool) -> None:
+    rule = StopRule(min_explored=4)
+    why = rule.check(None, Outlook(outlook), 0.025, explored)
+    assert (why is not None) == stops
+    if stops:
+        assert "expected improvement" in why and "noise band" in why and rule.why == why
+
+
+def test_a_sampler_without_an_outlook_never_stops_early() -> None:
+    assert StopRule().check(None, object(), 0.025, 100) is None
+
+
+def test_the_kv_gate_skips_only_what_the_fit_is_sure_the_server_refuses() -> None:
+    gate = KVGate(max_p_feasible=0.05)
+    sure = {"speculative_num_steps": 9, PREDICTED_KEY: json.dumps({"p_feasible": 0.0})}
+    unsure = {"speculative_num_steps": 8, PREDICTED_KEY: json.dumps({"p_feasible": 0.4})}
+    assert gate.refuses(sure) is not None
+    assert gate.refuses(unsure) is None                 # the probe of the boundary
+    assert gate.refuses({"speculative_num_steps": 3}) is None   # no prediction: boot it
+    assert [s["params"] for s in gate.skipped] == [{"speculative_num_steps": 9}]
+    # After a refusal the boundary was probed once: the unsure point is skipped too.
+    assert gate.refuses(unsure, refused_before=True) is not None
+    likely = {"speculative_num_steps": 7, PREDICTED_KEY: json.dumps({"p_feasible": 0.7})}
+    assert gate.refuses(likely, refused_before=True) is None
+
+
+def test_the_oom_boundary_is_unknown_until_a_boot_runs_out_then_bounds_its_side() -> None:
+    from specdecode_tune.samplers.model.oom import fit_oom
+    from specdecode_tune.samplers.model.trials import TrialObs
+
+    def obs(mem: float, draft: int, ok: bool) -> TrialObs:
+        return TrialObs(steps=draft - 1, topk=1, draft=draft, mem=mem, feasible=ok,
+                        failure=None if ok else "oom", kv=None, limit=None, levels=())
+
+    assert fit_oom([obs(0.85, 5, True)]) is None            # nothing refused: no boundary
+    fit = fit_oom([obs(0.85, 5, True), obs(0.92, 5, False)])
+    assert fit is not None
+    assert fit.p_feasible(0.92, 5) == 0.0                   # refused there
+    assert fit.p_feasible(0.93, 6) == 0.0                   # and above it, with more tokens
+    assert fit.p_feasible(0.85, 5) == 1.0                   # ran there
+    assert 0.0 < fit.p_feasible(0.88, 5) < 1.0              # in between: unsure
+    assert fit.p_feasible(0.88, 5) > fit.p_feasible(0.91, 5)
+
+
+class StopsAfter:
+    """A stop rule that fires once `n` points were explored."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.why: str | None = None
+
+    def check(self, study: object, sampler: object, band: float, explored: int) -> str | None:
+        if explored >= self.n:
+            self.why = f"stop after {self.n}"
+        return self.why
+
+
+def _searcher(rule: object, gate: KVGate | None = None) -> RepeatingSearcher:
+    space = (ParamSpec("speculative_num_steps", "int", 1, 10),)
+    inner = SpecOptunaSearch(space=DefineByRun(space, {}), metric="score", mode="max",
+                             sampler=optuna.samplers.RandomSampler(seed=1), seed=1)
+    return RepeatingSearcher(inner, max_trials=10, repeats=3, remeasure_top=1,
+                             default_band=0.025, stop_rule=rule, gate=gate)  # type: ignore[arg-type]
+
+
+def _score(cfg: dict) -> dict:
+    s = cfg["speculative_num_steps"]
+    return {"feasible": True, "score": math.log(1 + s) - 0.05 * s * s}
+
+
+def test_the_rule_caps_exploring_then_the_remeasurements_run_then_it_finishes() -> None:
+    searcher = _searcher(StopsAfter(4))
+    ran = []
+    for i in range(100):
+        cfg = searcher.suggest(f"t{i}")
+        if cfg == Searcher.FINISHED:
+            break
+        assert isinstance(cfg, dict)
+        ran.append(cfg)
+        searcher.on_trial_complete(f"t{i}", _score(cfg))
+    explored = [c for c in ran if c.get(REPEAT_KEY, 0) == 0]
+    assert len(explored) == 4                              # not the cap of 10
+    assert any(c.get(REPEAT_KEY, 0) > 0 for c in ran)      # the re-measurements still ran
+    assert searcher.stop_reason == "stop after 4"
+    assert searcher.inner.study().user_attrs["stop_reason"] == "stop after 4"
+
+
+def test_the_rule_waits_for_a_running_exploration_before_it_stops() -> None:
+    searcher = _searcher(StopsAfter(2))
+    a, b = searcher.suggest("a"), searcher.suggest("b")
+    assert isinstance(a, dict) and isinstance(b, dict)
+    searcher.on_trial_complete("a", _score(a))
+    # Two explored, one still running: no third exploration, no finish; it waits.
+    assert searcher.suggest("c") is None
+    searcher.on_trial_complete("b", _score(b))
+    nxt = searcher.suggest("d")
+    assert isinstance(nxt, dict) and nxt.get(REPEAT_KEY, 0) > 0
+
+
+def test_a_gated_point_is_told_to_optuna_as_refused_and_not_booted() -> None:
+    class Gate(KVGate):
+        def refuses(self, config: dict, refused_before: bool = False) -> str | None:
+            return "predicted refused" if config["speculative_num_steps"] >= 6 else None
+
+    searcher = _searcher(None, Gate())
+    booted = []
+    for i in range(40):
+        cfg = searcher.suggest(f"t{i}")
+        if cfg == Searcher.FINISHED:
+            break
+        assert isinstance(cfg, dict)
+        booted.append(cfg["speculative_num_steps"])
+        searcher.on_trial_complete(f"t{i}", _score(cfg))
+    assert booted and all(s < 6 for s in booted)
+    told = [t for t in searcher.inner.study().trials
+            if t.params.get("speculative_num_steps", 0) >= 6]
+    assert told and all(t.constraints == {"feasible": 1.0} for t in told)
+
+
+def test_the_hybrid_sampler_records_who_proposed_and_predicts_before_the_boot() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import whole_search
+
+    captured: list[optuna.Study] = []
+    original = SpecOptunaSearch.study
+
+    def study(self: SpecOptunaSearch) -> optuna.Study:
+        s = original(self)
+        if not captured:
+            captured.append(s)
+        return s
+
+    SpecOptunaSearch.study = study  # type: ignore[method-assign]
+    try:
+        result = whole_search.run_whole("seed-qwen35-122b", 0)
+    finally:
+        SpecOptunaSearch.study = original  # type: ignore[method-assign]
+    trials = captured[0].trials
+    by = [t.user_attrs.get(DECISION_ATTR, {}).get("by") for t in trials]
+    assert "model" in by
+    predicted = [t.user_attrs["predicted"] for t in trials if "predicted" in t.user_attrs]
+    assert predicted and all({"tok_s", "accept_length", "p_feasible"} <= set(p)
+                             for p in predicted)
+    assert result["boots"] >= 1 + result["explored"]
