@@ -58,6 +58,8 @@ class HybridSampler(PlannedSampler):
             `ModelGuidedSampler`).
         noise_band: the plateau logic's band until the search measures one.
         max_residual: the model's fit error (relative tok/s) above which TPE takes over.
+        per_level: the model proposes by the expected improvement of any level's best
+            (`[objective] kind = "schedule"`; see `ModelGuidedSampler`).
         seed: seeds the model's posterior draws (and the default base sampler).
     """
 
@@ -72,6 +74,7 @@ class HybridSampler(PlannedSampler):
         noise_band: float = 0.025,
         max_residual: float = 0.08,
         seed: int | None = None,
+        per_level: bool = False,
     ) -> None:
         super().__init__(base_sampler, seed)
         # Both parts share the one base sampler; neither's own before_trial runs (this one's
@@ -79,7 +82,8 @@ class HybridSampler(PlannedSampler):
         self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed)
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
                                          max_residual=max_residual, min_trials=1,
-                                         pessimistic_running=True, seed=seed)
+                                         pessimistic_running=True, seed=seed,
+                                         per_level=per_level)
 
     @property
     def model(self) -> ModelGuidedSampler:

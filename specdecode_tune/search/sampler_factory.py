@@ -34,7 +34,8 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
     if name == "hybrid":
         from ..samplers import HybridSampler
         return HybridSampler(tpe, space=exp.space, fixed=exp.backend.flags,
-                             noise_band=exp.search.noise_band, seed=seed)
+                             noise_band=exp.search.noise_band, seed=seed,
+                             per_level=exp.objective.kind == "schedule")
     if name == "model":
         from ..samplers import ModelGuidedSampler
         return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed,
