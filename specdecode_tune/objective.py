@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .records import LevelSummary
@@ -32,15 +32,28 @@ def closed_levels(levels: Iterable[LevelSummary]) -> dict[int, LevelSummary]:
 def scalar_score(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],
                  weights: Mapping[int, float]) -> float | None:
     """Weighted mean log-speedup over the baseline; None if a weighted level is missing."""
+    def log_speedup(s: LevelSummary, b: LevelSummary) -> float | None:
+        if b.output_tok_s <= 0:
+            return None
+        return math.log(max(s.output_tok_s / b.output_tok_s, RATIO_FLOOR))
+    return _weighted_mean(levels, baseline, weights, log_speedup)
+
+
+def _weighted_mean(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],
+                   weights: Mapping[int, float],
+                   term: Callable[[LevelSummary, LevelSummary], float | None]) -> float | None:
+    """The weights' mean of `term(level, its baseline)` over the closed levels; None if a
+    weighted level is missing on either side or its term is None."""
     mine, base = closed_levels(levels), closed_levels(baseline)
     num = den = 0.0
     for c, w in weights.items():
         if w <= 0:
             continue
         s, b = mine.get(c), base.get(c)
-        if s is None or b is None or b.output_tok_s <= 0:
+        x = None if s is None or b is None else term(s, b)
+        if x is None:
             return None
-        num += w * math.log(max(s.output_tok_s / b.output_tok_s, RATIO_FLOOR))
+        num += w * x
         den += w
     return num / den if den > 0 else None
 
@@ -139,21 +152,13 @@ def goodput_score(levels: Iterable[LevelSummary], baseline: Iterable[LevelSummar
 
     Both sides are floored at half a good request per window, so a level where neither met the
     targets scores 0 (a tie), and one where only the baseline did scores low but finite."""
-    mine, base = closed_levels(levels), closed_levels(baseline)
-    num = den = 0.0
-    for c, w in weights.items():
-        if w <= 0:
-            continue
-        s, b = mine.get(c), base.get(c)
-        if s is None or b is None:
-            return None
+    def log_ratio(s: LevelSummary, b: LevelSummary) -> float | None:
         g, gb = goodput_s(s), goodput_s(b)
         if g is None or gb is None:
             return None
         floor = 0.5 / max(s.duration_s, b.duration_s)
-        num += w * math.log(max(g, floor) / max(gb, floor))
-        den += w
-    return num / den if den > 0 else None
+        return math.log(max(g, floor) / max(gb, floor))
+    return _weighted_mean(levels, baseline, weights, log_ratio)
 
 
 def objective_score(kind: str, levels: Iterable[LevelSummary], baseline: Iterable[LevelSummary],

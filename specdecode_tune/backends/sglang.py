@@ -396,8 +396,13 @@ class SGLangBackend:
             return None, (f"No SGLang schedule command: SGLang {version} ({origin}) {flags}; "
                           f"the per-batch-size file written here needs SGLang >= "
                           f"{ADAPTIVE_PER_BATCH_SIZE_SINCE}.")
-        return self.launch_command(cfg, {**params, "speculative_adaptive": True,
-                                          "speculative_adaptive_config": config_path}), ""
+        return self.launch_command(cfg, {**params, **self.adaptive_flags(config_path)}), ""
+
+    @staticmethod
+    def adaptive_flags(config_path: str) -> dict[str, Any]:
+        """The settings that turn on adaptive mode with the per-batch-size file at
+        `config_path` (the schedule command, and the search's validation trials)."""
+        return {"speculative_adaptive": True, "speculative_adaptive_config": config_path}
 
     def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
         info: dict[str, Any] = {}

@@ -43,7 +43,8 @@ BASELINE_ID = "baseline"             # the search's trial id for the no-speculat
 # The search's validation trials of an emitted schedule (search/validate.py): the schedule
 # server, and the same mode with one steps everywhere (the cost of the mode itself). They are
 # not static configurations: kept out of `configs`, in `schedule_trials`.
-SCHEDULE_IDS = ("schedule", "schedule-same")
+SCHEDULE_ID, SAME_ID = "schedule", "schedule-same"
+SCHEDULE_IDS = (SCHEDULE_ID, SAME_ID)
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)

@@ -27,10 +27,7 @@ from dataclasses import dataclass
 
 from ..objective import compare
 from ..space import STEPS, TOPK
-from .data import Config, RunData, Trial
-
-SCHEDULE_ID = "schedule"
-SAME_ID = "schedule-same"
+from .data import SAME_ID, SCHEDULE_ID, Config, RunData, Trial
 
 
 @dataclass(frozen=True)

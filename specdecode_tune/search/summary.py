@@ -14,6 +14,7 @@ from .baseline import BASELINE_ID
 from .preflight import RunPlan
 from .progress import say
 from .searcher import SKIPPED_ATTR, STOP_ATTR, FailureStreak
+from .validate import SAME_ID, SCHEDULE_ID
 
 
 def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
@@ -73,7 +74,7 @@ def stopped_early(plan: RunPlan) -> str | None:
     distinct configs failing with the same reason), or None. The rule is replayed over the
     trials table in the order the trials finished, so a resumed run that stops says so too."""
     rows = [r for r in read_table(plan.run_dir, "trials").to_pylist()
-            if r["trial_id"] not in (BASELINE_ID, "schedule", "schedule-same")]
+            if r["trial_id"] not in (BASELINE_ID, SCHEDULE_ID, SAME_ID)]
     rows.sort(key=lambda r: (r["finished_at"] is None, r["finished_at"]))
     streak = FailureStreak()
     for r in rows:

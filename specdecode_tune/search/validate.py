@@ -38,20 +38,19 @@ from .ray_cluster import node_id
 SCHEDULE_ID = "schedule"
 SAME_ID = "schedule-same"
 SCHEDULE_DIR = "schedule"
-ADAPTIVE = "speculative_adaptive"
-ADAPTIVE_CONFIG = "speculative_adaptive_config"
 
 
 def adaptive_params(base: dict[str, Any], first: int, config_path: str) -> dict[str, Any]:
-    """The server's settings for a schedule file: a chain whose steps are a candidate."""
-    return {**base, STEPS: first, TOPK: 1, DRAFT: first + 1, ADAPTIVE: True,
-            ADAPTIVE_CONFIG: config_path}
+    """The server's settings for a schedule file: a chain whose steps are a candidate, with
+    the backend's adaptive-mode flags."""
+    return {**base, STEPS: first, TOPK: 1, DRAFT: first + 1,
+            **SGLangBackend.adaptive_flags(config_path)}
 
 
 def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], str]:
     """([(trial id, params)], '') for the validation trials, or ([], why there are none).
     Writes the adaptive-config files they read."""
-    from ..report import recommend
+    from ..report import formats, recommend
     from ..report.data import read_run
 
     exp = plan.exp
@@ -80,7 +79,7 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
         same = os.path.join(folder, "sglang-adaptive-config-same-steps.json")
         with open(same, "w", encoding="utf-8") as f:
-            json.dump({"1": {"candidate_steps": [steps]}}, f)
+            json.dump(formats.sglang_config([(1, steps)]), f)
         base = {k: v for k, v in best.params.items() if k not in (STEPS, TOPK, DRAFT)}
         trials.append((SAME_ID, adaptive_params(base, steps, same)))
     return trials, ""
