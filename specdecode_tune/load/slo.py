@@ -28,6 +28,7 @@ check (a level here is shorter).
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Sequence
@@ -165,9 +166,12 @@ def saturation(records: Sequence[RequestRecord], w1: float,
     if judged > 2 * slow:
         return Saturation(False, None, None,
                           f"{slow} of {judged} TTFTs over {min_ttft_s:g} s: under half")
-    firsts = [r.start + r.ttft if r.ttft is not None else math.inf for r in sent]
-    waiting = [sum(1 for o, f in zip(sent, firsts) if o.start <= r.start < f) for r in sent]
-    wait_ok, wait_slope = slope_alert([r.start for r in sent], [float(w) for w in waiting])
+    # Waiting at t: sent by t, first token after t. A first token never precedes its send,
+    # so that is (sent by t) - (first tokens by t): two sorted lists, not a pass per request.
+    starts = [r.start for r in sent]
+    firsts = sorted(r.start + r.ttft for r in sent if r.ttft is not None)
+    waiting = [bisect.bisect_right(starts, s) - bisect.bisect_right(firsts, s) for s in starts]
+    wait_ok, wait_slope = slope_alert(starts, [float(w) for w in waiting])
     if len(finished) < MIN_WINDOW:
         return Saturation(wait_ok, None, wait_slope,
                           "requests waiting for a first token climb" if wait_ok else
