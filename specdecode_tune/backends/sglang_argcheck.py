@@ -29,16 +29,23 @@ This file imports nothing of the project, so any Python with sglang can run it b
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import logging
 import os
 import sys
-import traceback
-import warnings
-from importlib import metadata
-from typing import Any
+
+# Run by its path, this file's folder comes first on sys.path, and it holds the backend's own
+# modules: `sglang.py` would hide SGLang, `tokenize.py` the standard library's (which
+# `traceback` imports, through `linecache`). Out before anything else is imported.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+from importlib import metadata  # noqa: E402
+from typing import Any  # noqa: E402
 
 FIELDS = ("speculative_algorithm", "disable_radix_cache", "max_running_requests",
           "mamba_scheduler_strategy", "attention_backend", "page_size",
@@ -105,10 +112,6 @@ def answer(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    # Run by its path, this file's folder comes first on sys.path, and it holds the backend's
-    # own sglang.py: without it `import sglang` finds SGLang.
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     out = answer(json.load(sys.stdin))
     sys.stdout.write("\n" + json.dumps(out) + "\n")   # the last line is the answer
 

@@ -376,7 +376,12 @@ def test_the_argcheck_answers_without_sglang(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, sglang.ARGCHECK], input='{"cases": [{"argv": []}]}',
                          capture_output=True, text=True, timeout=60, check=True)
     answer = json.loads(out.stdout.splitlines()[-1])
-    assert answer["sglang"] is None and "sglang" in answer["error"] and "cases" not in answer
+    assert answer["sglang"] is None and "cases" not in answer
+    # sglang is missing here, and nothing else failed first: the script's own folder (the
+    # backend's sglang.py, tokenize.py) is not on its path (on Python 3.11 `traceback` loads
+    # `tokenize` at import: the contract tests hold that in the SGLang venv)
+    assert answer["error"].startswith("PackageNotFoundError") or \
+        answer["error"] == "ModuleNotFoundError: No module named 'sglang'", answer["error"]
 
 
 @pytest.mark.parametrize(("text", "words"), [
