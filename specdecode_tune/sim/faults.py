@@ -19,8 +19,10 @@ A fault is given by flag (`--fault SPEC`, repeatable) or by profile (a top-level
                          wrong type); every variant is one a client must count as an error
     drop-midway:P        each streamed request is, with probability P, cut at a random token
                          count: the connection is closed without [DONE]
-    slowdown-after:S:F   S seconds after the server is ready, every scheduler iteration takes F
-                         times longer (as clock throttling would cause)
+    slowdown-after:S:F   S seconds after the first generation request, every scheduler
+                         iteration takes F times longer (as clock throttling would cause);
+                         timed from the load, not from boot, so that what a client does in
+                         between (reading facts, probes) does not move it
 
 optionally followed by `@CONDITION`, `NAME OP VALUE` with OP one of = != >= <= > <, which limits
 the fault to servers launched with such a setting: `oom-at-start@steps>=10` fails only the

@@ -255,7 +255,8 @@ def test_broken_streams_are_counted_and_mark_the_level(tmp_path: Path, servers: 
 
 
 def test_slowdown_midway_is_flagged_by_the_level_itself(tmp_path: Path, servers: list) -> None:
-    """Throttling halfway through the only level: no errors, but the level's own chunk gaps
+    """Throttling 1.9 s into the only level (its window 0.3-3.3 s, halves split at 1.8 s; the
+    fault is timed from the first request): no errors, but the level's own chunk gaps
     show two speeds, so it is kept and marked suspect."""
     exp = fault_experiment(tmp_path, "slowdown-after:1.9:3", concurrency="[4]", duration_s=3.0)
     result, tables, _, log = run(tmp_path, exp)
