@@ -255,10 +255,12 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
     # - vLLM counts a step's accepted drafts before it cuts the output at max_tokens, so each
     #   request that ended adds up to K the client never gets (measured: 4.1 a request at K=10
     #   over 64 requests at C=1, and 3.9 over 97 at C=4);
-    # - a request cut at the window's end may run a few steps more before vLLM sees the closed
-    #   connection; the trial waits for the server to drain before its "after" snapshot, so
-    #   those steps count here (allowed: 4 steps of K per cut request) and never in the next
-    #   level.
+    # - a request cut at the window's end runs on until vLLM sees the closed connection; the
+    #   trial waits for the server to drain before its "after" snapshot, so those steps count
+    #   here and never in the next level. How many depends on how busy the machine is (about
+    #   13 steps of K=10 a cut request at C=4 on a loaded 2-core CI machine), not on the
+    #   counters: the bound is the one vLLM cannot pass, the rest of the request's max_tokens
+    #   (plus the last step's K).
     # The client may see slightly more (a chunk carrying two steps): 2 %.
     checks: dict[tuple[str, int], str] = {}
     bad: list[Any] = []
@@ -271,10 +273,11 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
             out_tokens = sum(r["output_tokens"] for r in rows)
             chunks = sum(len(r["chunk_gaps"]) + 1 for r in rows if r["output_tokens"] > 0)
             client_accepted = out_tokens - chunks
-            cut = sum(1 for r in rows if r["output_tokens"] < out_len)
+            cut_rows = [r for r in rows if r["output_tokens"] < out_len]
+            cut = len(cut_rows)
             ended = len(rows) - cut
             over = sum(hist) - client_accepted
-            allowed = k * (ended + 4 * cut)
+            allowed = k * len(rows) + sum(out_len - r["output_tokens"] for r in cut_rows)
             checks[(tr["trial_id"], c)] = (
                 f"C={c}: acc ctr={sum(hist)} client={client_accepted} (+{over} <= {allowed}:"
                 f" {ended} ended, {cut} cut)")
