@@ -22,14 +22,12 @@ start; 130 interrupted (the run is kept; the same command resumes it).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import SAMPLERS, load_experiment
@@ -180,36 +178,6 @@ def _main(argv: Sequence[str] | None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
-@contextlib.contextmanager
-def _ctrl_c_stops_tune_gracefully() -> Iterator[threading.Event]:
-    """Ctrl-C during `tuner.fit()`, seen by this driver: Tune's own SIGINT handler stops the
-    run gracefully but tells no one (fit returns as if done), so it is turned off
-    (TUNE_DISABLE_SIGINT_HANDLER, read when fit starts) and the first SIGINT is recorded here
-    and passed on as SIGUSR1, which Tune handles the same way (its graceful stop). A second
-    Ctrl-C gets the handler that was there before: KeyboardInterrupt, as Tune's own would."""
-    interrupted = threading.Event()
-    previous = signal.getsignal(signal.SIGINT)
-    before = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
-
-    def on_sigint(signum: int, frame: object) -> None:
-        interrupted.set()
-        signal.signal(signal.SIGINT, previous)
-        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, signal.SIG_IGN, None):
-            raise KeyboardInterrupt      # Tune's handlers not set yet (or gone): stop here
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if before is None:
-            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
-        else:
-            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = before
-
-
 def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_trials: int,
             resume: bool, t0: float) -> int:
     """Ray up, the baseline, the trials, the closing lines; returns the exit status."""
@@ -234,14 +202,11 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
         print(f"error: {e}", file=sys.stderr)
         return 1
     tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
-    with _ctrl_c_stops_tune_gracefully() as interrupted:
-        grid = tuner.fit()
-    # A Ctrl-C during fit stops Tune, which saves its state, marks the running trials
-    # TERMINATED and returns: an interruption, not a finished search, even where no trial had
-    # started yet (an empty grid) or every started one had finished. A trial without its final
-    # result (every finished trial reports "feasible") was cut the same way.
-    if interrupted.is_set() or any(r.error is None and "feasible" not in (r.metrics or {})
-                                   for r in grid):
+    grid = tuner.fit()
+    # A Ctrl-C during fit is caught by Tune, which saves its state, marks the running trials
+    # TERMINATED and returns: a trial without its final result (every finished trial reports
+    # "feasible") was cut. It is an interruption, not a finished search.
+    if any(r.error is None and "feasible" not in (r.metrics or {}) for r in grid):
         raise KeyboardInterrupt
     if exp.objective.kind == "schedule" and not stopped_early(plan):
         # The emitted schedule booted once, every level measured (search/validate.py).

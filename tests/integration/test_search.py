@@ -230,39 +230,6 @@ def test_ctrl_c_during_the_baseline_leaves_nothing_running(tmp_path: Path,
     assert not tagged_processes(test_env["SPECDECODE_TEST_TAG"])
 
 
-def test_ctrl_c_while_trials_run_is_an_interruption_and_the_same_command_resumes(
-        tmp_path: Path, test_env: dict) -> None:
-    """Ctrl-C once trials run: Tune stops gracefully, yet the driver says interrupted (exit
-    130, not "search finished"); nothing of the search is left; the same command resumes."""
-    exp = small_experiment(tmp_path)
-    storage = tmp_path / "runs"
-    log_path = tmp_path / "out.log"
-    driver = start_search(search_cmd(exp, storage, "--max-trials", "8"), log_path, test_env)
-    try:
-        _wait_line(log_path, "trial   1 ", 300)
-        driver.send_signal(signal.SIGINT)
-        assert driver.wait(timeout=150) == 130
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    text = log_path.read_text()
-    assert "Traceback" not in text, text[-3000:]
-    assert "interrupted: the run is kept in" in text
-    assert "search finished" not in text
-    time.sleep(3.0)
-    assert not tagged_processes(test_env["SPECDECODE_TEST_TAG"])
-    log2 = tmp_path / "second.log"
-    second = start_search(search_cmd(exp, storage, "--max-trials", "8"), log2, test_env)
-    try:
-        _wait_line(log2, "run dir:", 120)
-        assert "(resuming;" in log2.read_text()
-        second.send_signal(signal.SIGINT)
-        assert second.wait(timeout=150) == 130
-    finally:
-        if second.poll() is None:
-            second.kill()
-
-
 def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
                                                            test_env: dict) -> None:
     """SIGKILL the driver mid-baseline: Ray's agents outlive it for minutes. The next driver
