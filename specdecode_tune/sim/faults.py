@@ -174,6 +174,9 @@ class FaultInjector:
         self.hung = False
         self._hang = asyncio.Event() if "hang-after" in self._by_kind else None
         self.on_hang: Callable[[], None] | None = None     # set by the server: freeze the engine
+        # set by the server: multiply every engine iteration's time by the factor
+        self.on_slowdown: Callable[[float], None] | None = None
+        self._slowdown_timed = False        # its clock started (at the first request)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -211,15 +214,26 @@ class FaultInjector:
                                "error (simulated: fault crash-at-start)")
         return None
 
-    def slowdown(self) -> tuple[float, float] | None:
-        """(after seconds, factor) of a slowdown, or None."""
+    def _start_slowdown_clock(self) -> None:
+        """At the first generation request: slow the engine down S seconds later."""
         f = self._by_kind.get("slowdown-after")
-        return (float(f.args[0]), float(f.args[1])) if f is not None else None
+        if f is None or self._slowdown_timed or self.on_slowdown is None:
+            return
+        self._slowdown_timed = True
+        after, factor = float(f.args[0]), float(f.args[1])
+        asyncio.get_running_loop().call_later(after, self._slow_down, factor)
+
+    def _slow_down(self, factor: float) -> None:
+        self.note("slowdown-after", f"every iteration now takes {factor:g}x longer")
+        if self.on_slowdown is not None:
+            self.on_slowdown(factor)
 
     # -- requests ---------------------------------------------------------------------------
 
     def on_request(self) -> None:
-        """A generation request arrived: crash or hang here once enough have completed."""
+        """A generation request arrived: crash or hang here once enough have completed; the
+        first one starts a slowdown's clock."""
+        self._start_slowdown_clock()
         n = self._arg("crash-after")
         if n is not None and self.completed >= n:
             self.note("crash-after", f"{self.completed} requests completed; the process "

@@ -72,7 +72,6 @@ class SimServer:
         self.api_key = api_key or None
         self.facts: Facts | None = None
         self.scheduler: Scheduler | None = None
-        self._slowdown: tuple[float, float] | None = None   # (after s, factor), until armed
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -101,18 +100,10 @@ class SimServer:
                                    noise.getrandbits(64))
         self._task = asyncio.create_task(self.scheduler.run())
         self.faults.on_hang = self.scheduler.freeze
-        self._slowdown = self.faults.slowdown()
-
-    def on_generation_request(self) -> None:
-        """The first generation request starts a `slowdown-after` fault's clock: S seconds
-        into the load, whatever the client did between boot and load (facts, probes)."""
-        slowdown, self._slowdown = self._slowdown, None
-        if slowdown is not None:
-            asyncio.get_running_loop().call_later(slowdown[0], self._slow_down, slowdown[1])
+        self.faults.on_slowdown = self._slow_down
 
     def _slow_down(self, factor: float) -> None:
         if self.scheduler is not None:
-            self.faults.note("slowdown-after", f"every iteration now takes {factor:g}x longer")
             self.scheduler.speed_factor *= factor
 
     async def close(self) -> None:
@@ -316,7 +307,6 @@ class Routes:
         event and `[DONE]`. Its OpenAI endpoints validate before answering: a 400."""
         sched = self._scheduler()
         faults = self.sim.faults
-        self.sim.on_generation_request()
         faults.on_request()
         await faults.wait_if_hung()
         try:
