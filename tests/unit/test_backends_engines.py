@@ -384,6 +384,20 @@ def test_the_argcheck_answers_without_sglang(tmp_path: Path) -> None:
         answer["error"] == "ModuleNotFoundError: No module named 'sglang'", answer["error"]
 
 
+def test_the_argcheck_leaves_its_folder_off_sys_path_before_it_imports_anything() -> None:
+    """The folder holds the backend's sglang.py and tokenize.py; any import before the strip
+    may load one of them instead of SGLang's or the standard library's (it did: `traceback`
+    loads `tokenize` at import on Python 3.11). Held on the source, so on every Python."""
+    import ast
+    tree = ast.parse(Path(sglang.ARGCHECK).read_text())
+    strip = next((i for i, node in enumerate(tree.body) if isinstance(node, ast.Assign)
+                  and ast.unparse(node.targets[0]) == "sys.path[:]"), None)
+    assert strip is not None, "no module-level `sys.path[:] = ...` in the argcheck"
+    before = {alias.name for node in tree.body[:strip]
+              if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    assert before <= {"annotations", "os", "sys"}, before
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ('python = "/x/python"\nkind = "vllm"', "only allowed with backend.kind = 'sglang'"),
     ('python = "/x/python"\nbinary = "/x/server"', "exclude each other")])
