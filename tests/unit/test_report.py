@@ -86,7 +86,8 @@ class Run:
     def add(self, trial_id: str, sampled: dict[str, Any], tok: dict[int, float] | None,
             *, status: str = "ok", reason: str = "", repeat: int = 0, suspect: bool = False,
             level_suspect: tuple[int, ...] = (), jump: str | None = None,
-            mrr: int | None = None, score: float | None = None) -> None:
+            mrr: int | None = None, score: float | None = None,
+            predicted: dict[str, Any] | None = None) -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
         steps = params.get("speculative_num_steps", 0)
         levels = []
@@ -104,7 +105,7 @@ class Run:
         self.n += 1
         results.write_trial(self.path, result, extra={
             "jump_reason": jump, "finished_at": 1_700_000_000 + self.n, "node": "test",
-            "score": score})
+            "score": score, "predicted": None if predicted is None else json.dumps(predicted)})
 
 
 def seed_run(path: Path, probe: dict[int, float] = PROBE_PEAK,

@@ -3,35 +3,16 @@ for it before the boot (the trials table's `predicted` column), and the median e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specdecode_tune import results
-from specdecode_tune.records import ServerFacts, TrialResult
 from specdecode_tune.report import render as r
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.predictions import blocks, median_error, rows
-from specdecode_tune.space import resolve
-from tests.unit.test_report import BASE, EXPERIMENT, level
-
-
-def add(path: Path, n: int, trial_id: str, steps: int, tok: dict[int, float] | None, *,
-        predicted: dict[str, Any] | None = None, repeat: int = 0, status: str = "ok") -> None:
-    params = resolve({"speculative_num_steps": steps}, {"cuda_graph_max_bs": 64})
-    levels = []
-    for c, v in (tok or {}).items():
-        s = level(c, v, accept=1 + 0.8 * steps if steps else None)
-        results.write_level(path, trial_id, s, [], params=params, repeat=repeat)
-        levels.append(s)
-    result = TrialResult(trial_id=trial_id, params=params, status=status, reason="",
-                         facts=ServerFacts(max_total_num_tokens=400000, max_running_requests=20),
-                         levels=tuple(levels), repeat=repeat)
-    results.write_trial(path, result, extra={
-        "finished_at": 1_700_000_000 + n, "node": "test",
-        "predicted": None if predicted is None else json.dumps(predicted)})
+from specdecode_tune.space import STEPS
+from tests.unit.test_report import Run
 
 
 def pred(tok: dict[int, float], accept: float = 2.0, p: float = 0.9) -> dict[str, Any]:
@@ -41,15 +22,14 @@ def pred(tok: dict[int, float], accept: float = 2.0, p: float = 0.9) -> dict[str
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
-    (tmp_path / "experiment.toml").write_text(EXPERIMENT)
-    add(tmp_path, 0, "baseline", 0, BASE)
-    add(tmp_path, 1, "t1", 1, {1: 100.0, 16: 1000.0}, predicted=pred({1: 110.0, 16: 1100.0}))
-    add(tmp_path, 2, "t2", 2, {1: 200.0, 16: 1200.0}, predicted=pred({1: 180.0, 16: 1200.0}))
+    run = Run(tmp_path)                                                # the baseline first
+    run.add("t1", {STEPS: 1}, {1: 100.0, 16: 1000.0}, predicted=pred({1: 110.0, 16: 1100.0}))
+    run.add("t2", {STEPS: 2}, {1: 200.0, 16: 1200.0}, predicted=pred({1: 180.0, 16: 1200.0}))
     # a re-measurement of t2's config: not a first boot, its prediction is not counted
-    add(tmp_path, 3, "t2r", 2, {1: 100.0, 16: 100.0}, predicted=pred({1: 1.0, 16: 1.0}),
-        repeat=1)
-    add(tmp_path, 4, "t3", 3, {1: 250.0, 16: 900.0})                       # no prediction
-    add(tmp_path, 5, "t9", 9, None, predicted=pred({1: 300.0}, p=0.2), status="failed")
+    run.add("t2r", {STEPS: 2}, {1: 100.0, 16: 100.0}, predicted=pred({1: 1.0, 16: 1.0}),
+            repeat=1)
+    run.add("t3", {STEPS: 3}, {1: 250.0, 16: 900.0})                   # no prediction
+    run.add("t9", {STEPS: 9}, None, predicted=pred({1: 300.0}, p=0.2), status="failed")
     return tmp_path
 
 
@@ -77,8 +57,6 @@ def test_the_section_says_how_many_were_predicted_and_the_median(run: Path) -> N
 
 
 def test_no_prediction_anywhere_says_so(tmp_path: Path) -> None:
-    (tmp_path / "experiment.toml").write_text(EXPERIMENT)
-    add(tmp_path, 0, "baseline", 0, BASE)
-    add(tmp_path, 1, "t1", 1, {1: 100.0, 16: 1000.0})
+    Run(tmp_path).add("t1", {STEPS: 1}, {1: 100.0, 16: 1000.0})
     out = blocks(read_run(str(tmp_path)))
     assert any(isinstance(b, r.Para) and "No trial carries a prediction" in b.text for b in out)
