@@ -48,10 +48,18 @@ def test_env():
     assert not sims, f"simulator servers left running: {sims}"
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A test run in the background of a non-interactive shell (`cmd &`, CI under nohup)
+    # inherits SIGINT ignored, and so would the driver: its SIGINT then stands for nothing.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_search(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
-    """The search driver in the background, its stdout and stderr in `log_path`."""
+    """The search driver in the background, its stdout and stderr in `log_path`; SIGINT is
+    its Ctrl-C, as in a terminal, whatever this test process inherited."""
     with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=_ctrl_c_as_in_a_terminal)
 
 
 def trials_rows(run_dir: Path) -> list[dict]:
