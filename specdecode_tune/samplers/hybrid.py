@@ -14,10 +14,12 @@ Before each fresh trial, in this order:
    `max_residual` (8%) or 1.5 noise bands, whichever is larger. A point another trial is
    measuring counts as refused for the memory boundary of this proposal, so two concurrent
    boots do not both bet on a boundary neither has measured.
-3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express), thin
-   (no finished trial, no feasible speculative one: the model starts after one), or the space
-   holds nothing the model can name, the trial goes to the base sampler (TPE), which searches
-   it as a black box.
+3. **TPE.** Where the fit is poor (the server behaves in a way the model cannot express) or
+   the space holds nothing the model can name, the trial goes to the base sampler (TPE), which
+   searches it as a black box. Before any speculative boot has run (nothing to fit) the model
+   proposes anchors, not TPE: the chain three steps deep in the middle of the memory fractions
+   no refusal has ruled out (a blind first proposal on a server short of memory was refused
+   six times running on the noisy benchmark profile).
 
 Why this is the default: on the benchmark's simulator profiles and recorded real landscapes
 (`benchmarks/search_efficiency.py`) the model reaches 98% of the optimum in a few boots where
@@ -83,7 +85,7 @@ class HybridSampler(PlannedSampler):
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
                                          max_residual=max_residual, min_trials=1,
                                          pessimistic_running=True, seed=seed,
-                                         per_level=per_level)
+                                         per_level=per_level, cold_start=True)
 
     @property
     def model(self) -> ModelGuidedSampler:

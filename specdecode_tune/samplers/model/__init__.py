@@ -33,6 +33,8 @@ from ..observations import (
 from .acceptance import (
     COUNT_CAP,
     H_GRID,
+    PRIOR_SHRINK,
+    PRIOR_WEIGHT,
     AcceptanceFit,
     accept_length,
     fit_acceptance,
@@ -54,6 +56,8 @@ __all__ = [
     "MEASURED_ATTR",
     "NOISE_BAND_ATTR",
     "N_FEATURES",
+    "PRIOR_SHRINK",
+    "PRIOR_WEIGHT",
     "ROUTES",
     "TILES",
     "AcceptanceFit",

@@ -6,8 +6,11 @@ since one window's steps are not independent draws). Trees (topk > 1): each extr
 depth catches a share h of the remaining misses, q_i(w) = 1 - (1 - p_i)(1 - h)^(w - 1). For each
 h of a grid, a measured tree's widths are the ones that explain its histogram best (a small
 dynamic programme) and p is the maximum likelihood of all trials; the profile likelihood is h's
-posterior, and p given h a Beta per position. Positions no trial reached keep a uniform prior,
-so the model is honestly unsure what steps = 10 would accept until a trial goes that deep. An
+posterior, and p given h a Beta per position over an exchangeable prior: a position no trial
+reached is expected to accept about as the measured ones do, a little less (`PRIOR_SHRINK`),
+with a spread wide enough (`PRIOR_WEIGHT` pseudo-steps) that the model is unsure what
+steps = 10 would accept until a trial goes that deep, yet does not expect every unmeasured
+position to be a coin flip (a uniform prior made it crawl one step deeper per boot). An
 unmeasured tree puts its candidates greedily where they add the most expected tokens. Tokens per
 verify step: L = 1 + sum_i prod_{j<=i} q_j. A server without histograms: a constant p per chain
 trial from its acceptance length.
@@ -24,6 +27,14 @@ from .trials import TrialObs
 
 H_GRID = np.linspace(0.0, 0.95, 39)            # sibling-hit share candidates
 COUNT_CAP = 400                                # verify steps one level counts as, at most
+# Pseudo-steps of the prior of a position: a position no trial reached is expected to accept
+# about as the measured ones do (EAGLE's and n-gram drafts' conditional acceptance changes
+# slowly with depth), with a spread wide enough for a cliff (a hard token) to be a surprise the
+# first boot that reaches it measures, not a certainty the model rules out.
+PRIOR_WEIGHT = 4.0
+# ... and its mean is drawn part of the way to 0.5: deeper positions accept less, as a rule
+# (a draft's errors compound), so the prior leans that way without knowing by how much.
+PRIOR_SHRINK = 0.3
 
 
 def tree_widths(p: Sequence[float] | np.ndarray, h: float, steps: int, topk: int,
@@ -116,7 +127,22 @@ class AcceptanceFit:
         return (self.h_post[:, None] * alpha / (alpha + beta)).sum(axis=0)
 
     def _beta(self) -> tuple[np.ndarray, np.ndarray]:
-        return 1.0 + self.p_grid * self.n_grid, 1.0 + (1.0 - self.p_grid) * self.n_grid
+        """Beta posteriors per (h, position): the measured counts over an exchangeable prior
+        (`PRIOR_WEIGHT` pseudo-steps at the measured positions' mean acceptance)."""
+        a0, b0 = self._prior()
+        return a0 + self.p_grid * self.n_grid, b0 + (1.0 - self.p_grid) * self.n_grid
+
+    def _prior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per h of the grid, the Beta prior of every position: mean = the count-weighted mean
+        acceptance of the measured positions, drawn PRIOR_SHRINK of the way to 0.5 (clipped
+        to [0.05, 0.95]), weight PRIOR_WEIGHT; uniform (Beta(1, 1)) before any position is
+        measured."""
+        n = self.n_grid.sum(axis=1)
+        m = np.where(n > 0, (self.p_grid * self.n_grid).sum(axis=1) / np.maximum(n, 1e-12), 0.5)
+        m = (1.0 - PRIOR_SHRINK) * m + PRIOR_SHRINK * 0.5
+        m = np.clip(m, 0.05, 0.95)
+        w = np.where(n > 0, PRIOR_WEIGHT, 2.0)
+        return (w * m)[:, None], (w * (1.0 - m))[:, None]
 
     def draws(self, rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
         j = rng.choice(len(H_GRID), size=m, p=self.h_post)

@@ -24,7 +24,10 @@ import numpy as np
 
 from .trials import TrialObs
 
-SLOPES = np.linspace(0.0, 0.05, 101)     # mem fraction per draft token: 0 .. 0.8 over 16
+# Mem fraction per draft token, 0 .. 0.05 (0.8 over 16 tokens), log-spaced: a uniform prior
+# on the log of the slope (real servers' graph buffers cost a few hundred MB per draft token
+# on a 80-140 GB GPU, 0.002-0.01), so a small slope is as likely as a large one per decade.
+SLOPES = np.concatenate([[0.0], np.geomspace(1e-4, 0.05, 100)])
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,18 @@ def fit_oom(obs: Sequence[TrialObs]) -> OOMFit | None:
     if not ok.any():
         return None             # no line explains the data: the rule does not hold here
     return OOMFit(beta=b[ok], lo=lo[ok], hi=hi[ok])
+
+
+def fit_oom_running(obs: Sequence[TrialObs], running: Sequence[TrialObs],
+                    measured: OOMFit | None) -> OOMFit | None:
+    """The version space with points other trials are measuring now counted as refused (the
+    pessimistic view of a concurrent proposal: it does not bet on a boundary they probe). A
+    running point no line can join with the measurements (in effect below a boot that ran)
+    says nothing and is left out: counting it would leave no line, and with no line nothing
+    would be predicted refused at all. `measured`: `fit_oom(obs)`, kept when no running point
+    is."""
+    kept: list[TrialObs] = []
+    for r in running:
+        if fit_oom([*obs, *kept, r]) is not None:
+            kept.append(r)
+    return fit_oom([*obs, *kept]) if kept else measured

@@ -4,12 +4,16 @@ of the search's score under the fitted model, and hands over where the model can
 Before each fresh trial the model is fitted anew (`fit`; nothing but measurements goes in) and
 EI is averaged over joint posterior draws, with infeasible draws counting as no improvement,
 over every valid configuration of the space (`candidates`), excluding those measured or
-running; ties go to the higher mean score. The plan names the model's four axes; every other
+running; ties go to the higher mean score. The improvement is over the model's own mean of the
+best measured configuration (the plug-in reference for noisy measurements: the best measured
+value is the luckiest boot, against which nothing looks like an improvement; `_reference`). The plan names the model's four axes; every other
 parameter follows the incumbent (else the base sampler). The base sampler (TPE by default)
 takes the trial instead on:
 
 - thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
-  measurements yet (nothing to fit);
+  measurements yet (nothing to fit); with `cold_start` (the hybrid default) the model proposes
+  anchors there instead (`_anchor`: the configuration most likely to boot, bisecting the
+  memory fraction on refusals);
 - poor fit: the model's in-sample error on the measured tokens/s is above `max_residual` (or
   1.5 noise bands, when the measured band is wider), i.e. the server behaves in a way the
   model cannot express; the base sampler then searches it as a black box;
@@ -45,13 +49,16 @@ from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from .acceptance import accept_length, tree_widths
 from .candidates import Candidates, enumerate_space, point_key
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
-from .oom import fit_oom
+from .oom import fit_oom_running
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
 # Once a refusal has measured a boundary, a point is proposed only where at least this share
 # of the posterior draws boots it (the KV gate of the search applies the same share).
 SAFE_P = 0.5
+# The anchor's draft depth: deep enough to measure acceptance at a few positions, shallow
+# enough to need little memory (`ModelGuidedSampler._anchor`).
+ANCHOR_STEPS = 3
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -73,6 +80,9 @@ class ModelGuidedSampler(PlannedSampler):
         per_level: propose by the expected improvement of any level's best measured tok/s
             (the largest over levels), not of the score: a per-batch-size schedule uses the
             best config at every level (`[objective] kind = "schedule"`).
+        cold_start: until a speculative boot has run, propose anchors (`_anchor`: the
+            configuration most likely to boot, bisecting memory on refusals) instead of
+            handing the trial to the base sampler.
     """
 
     plan_key = "model_guided:plan"   # trial system attr: the proposed point
@@ -89,6 +99,7 @@ class ModelGuidedSampler(PlannedSampler):
         pessimistic_running: bool = False,
         seed: int | None = None,
         per_level: bool = False,
+        cold_start: bool = False,
     ) -> None:
         super().__init__(base_sampler, seed)
         self._per_level = bool(per_level)
@@ -107,6 +118,7 @@ class ModelGuidedSampler(PlannedSampler):
         self._seed = 0 if seed is None else int(seed)
         self._pessimistic = bool(pessimistic_running)
         self._cache: dict[tuple, Candidates] = {}
+        self._cold_start = bool(cold_start)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -132,12 +144,16 @@ class ModelGuidedSampler(PlannedSampler):
         trials = study.get_trials(deepcopy=False)
         state = self.fitted(study, trials)
         if isinstance(state, str):
+            if self.__dict__.get("_cold_start"):
+                anchored = self._anchor(trials, number, state)
+                if anchored is not None:
+                    return anchored
             return _base(state), None
         fit, cands, obs = state
         if self.__dict__.get("_pessimistic"):
-            liars = self._running_as_refused(trials, number)
+            liars = self._running_as_refused(trials, number, obs)
             if liars:
-                fit = dataclasses.replace(fit, oom=fit_oom([*obs, *liars]))
+                fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
         limit = self.fit_limit(study)
         if fit.rms > limit:
             return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
@@ -157,11 +173,11 @@ class ModelGuidedSampler(PlannedSampler):
         scores = score_of(fit, levels, ok_draws)
         feasible = np.isfinite(scores)
         best_trial = incumbent(study, trials)
-        if best_trial is not None:
-            best_score = value_of(best_trial)
-        else:
-            best_score = float(np.max(np.where(feasible, scores, -np.inf).mean(0))) \
-                if feasible.any() else 0.0
+        best_score = _reference(scores, feasible, cands, obs)
+        if best_score is None:
+            best_score = value_of(best_trial) if best_trial is not None else (
+                float(np.max(np.where(feasible, scores, -np.inf).mean(0)))
+                if feasible.any() else 0.0)
         gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
         ei = gain.mean(axis=0)
         level_note = ""
@@ -196,10 +212,63 @@ class ModelGuidedSampler(PlannedSampler):
         }
         return decision, plan
 
-    def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int
-                            ) -> list[TrialObs]:
+    def _anchor(self, trials: Sequence[FrozenTrial], number: int, why: str
+                ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Before any speculative boot has run there is nothing to fit, and a blind proposal
+        is often refused (on a server short of memory most of the space does not boot): the
+        first points are anchors instead, the configuration most likely to boot that still
+        measures acceptance a few positions deep. topk 1 (the chain: fewest draft tokens),
+        the steps nearest `ANCHOR_STEPS`, and the middle of the memory fractions no refusal
+        has ruled out: an out-of-memory refusal at (mem, n) rules out every mem >= it for
+        n or more draft tokens, a KV-pool refusal every mem <= it (a bisection on memory).
+        Points measured or running are skipped. None where no candidate is left (the base
+        sampler proposes)."""
+        cands = self._candidates(trials)
+        if cands is None:
+            return None
+        obs, taken = [], set()
+        for t in trials:
+            if t.number == number or not t.params:
+                continue
+            key = self._key_of(t.params)
+            taken.add(key)
+            if key == ("baseline",):
+                continue
+            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params) \
+                if t.state.is_finished() else None
+            if o is not None and not o.feasible and o.failure in ("oom", "kv"):
+                obs.append((o.failure, o.draft, 1.0 if o.mem is None else o.mem))
+            elif t.state == TrialState.RUNNING and key[3] is not None:
+                # Pessimistic, as for the model's proposals: a running anchor may run out.
+                obs.append(("oom", key[2], key[3]))
+        out = np.array([k in taken for k in cands.keys])
+        for kind, draft, m in obs:
+            more = cands.draft >= draft
+            out |= more & ((cands.mem >= m - 1e-9) if kind == "oom" else (cands.mem <= m + 1e-9))
+        ok = ~out & (cands.topk == cands.topk.min())
+        if not ok.any():
+            return None
+        steps = cands.steps[ok]
+        target = steps[np.argmin(np.abs(steps - ANCHOR_STEPS) + 0.1 * (steps < ANCHOR_STEPS))]
+        ok &= cands.steps == target
+        idx = np.nonzero(ok)[0]
+        mems = np.sort(np.unique(cands.mem[idx]))
+        mid = mems[(len(mems) - 1) // 2]
+        best = int(idx[np.argmin(np.abs(cands.mem[idx] - mid) * 1e3 + cands.draft[idx])])
+        plan = dict(cands.sampled[best])
+        return {"by": "model", "why": f"anchor: {why}; the configuration most likely to boot "
+                                      f"(topk {cands.topk[best]}, steps {target}, the middle "
+                                      f"of the memory fractions no refusal ruled out)",
+                "anchor": True}, plan
+
+    def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int,
+                            obs: Sequence[TrialObs] = ()) -> list[TrialObs]:
         """The points other trials are measuring now, as if the server had refused them for
-        memory: a proposal made while they run does not bet on the boundary they probe."""
+        memory: a proposal made while they run does not bet on the boundary they probe. A
+        point a measured boot shows will run (one ran at a fraction at least as high with at
+        least as many draft tokens) is no such bet and is left out: a refusal there would
+        contradict the measurements, and no boundary line would be left."""
+        ran = [(1.0 if o.mem is None else o.mem, o.draft) for o in obs if o.feasible]
         out = []
         for t in trials:
             if t.state != TrialState.RUNNING or t.number == number or not t.params:
@@ -208,6 +277,9 @@ class ModelGuidedSampler(PlannedSampler):
             if key == ("baseline",):
                 continue
             steps, topk, draft, mem = key
+            m = 1.0 if mem is None else mem
+            if any(rm >= m - 1e-9 and rn >= draft for rm, rn in ran):
+                continue
             out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
                                 failure="oom", kv=None, limit=None, levels=()))
         return out
@@ -321,6 +393,27 @@ def _level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Seque
         eis.append(gain.mean(axis=0))
     ei = np.max(np.stack(eis), axis=0) if eis else np.zeros(feasible.shape[1])
     return ei, "any level's best (log tok/s)"
+
+
+def _reference(scores: np.ndarray, feasible: np.ndarray, cands: Candidates,
+               obs: Sequence[TrialObs]) -> float | None:
+    """The score EI improves on: the best posterior mean among the measured configurations
+    (the plug-in reference for noisy observations), not the best measured value. The best of
+    several noisy measurements is biased upwards (the winner's curse: on a server whose boots
+    vary by 4% the incumbent is the luckiest boot), so against it every prediction, which
+    averages over boots, looks like no improvement and the search stops on a lucky draw. None
+    where no measured configuration is a candidate."""
+    index = {k: i for i, k in enumerate(cands.keys)}
+    measured = sorted({index[o.key] for o in obs if o.feasible and o.key in index})
+    if not measured:
+        return None
+    ok = feasible[:, measured]
+    if not ok.any():
+        return None
+    sums = np.where(ok, scores[:, measured], 0.0).sum(axis=0)
+    counts = ok.sum(axis=0)
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+    return float(np.max(means))
 
 
 def _one(cands: Candidates, i: int) -> Candidates:
