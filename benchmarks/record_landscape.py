@@ -253,6 +253,18 @@ def recorded_experiment(path: Path, overrides: Mapping[str, Any]) -> tuple[Exper
     return exp, json.dumps(data, sort_keys=True)
 
 
+# What a boot measures depends on these sections of the experiment; the others (the search's
+# sampler and budget, the name, the cluster) do not, and a later session may add repeats to a
+# table whose experiment file has changed only there. The table keeps the first session's.
+MEASURED_BY = ("backend", "workload", "measure", "objective")
+
+
+def _measured_by(experiment: Any) -> dict[str, Any] | None:
+    if not isinstance(experiment, dict):
+        return None
+    return {k: experiment.get(k) for k in MEASURED_BY}
+
+
 # ------------------------------------------------------------------------------------- record
 
 
@@ -272,7 +284,7 @@ def record(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, meta = read_existing(out)
     if meta and (meta.get("axes") != [[n, list(v)] for n, v in axes]
-                 or meta.get("experiment") != json.loads(exp_json)):
+                 or _measured_by(meta.get("experiment")) != _measured_by(json.loads(exp_json))):
         raise ConfigError(f"{out}: recorded with other axes or another experiment; "
                           f"give another --out or the same --axis and --experiment")
     if not meta:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -176,6 +177,37 @@ def test_resuming_with_other_axes_is_refused(rec: ModuleType, table: Path,
     assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-5",
                      "--out", str(table)]) == 2
     assert "other axes" in capsys.readouterr().err
+
+
+def test_a_later_session_adds_repeats_though_the_search_settings_changed(
+        rec: ModuleType, table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The search's sampler and budget do not change what a boot measures: more repeats may
+    be added to a table after the experiment file changed there. A change to what is measured
+    (the workload here) is refused."""
+    import pyarrow.parquet as pq
+
+    text = EXPERIMENT.read_text()
+    changed = tmp_path / "changed-search.toml"
+    changed.write_text(text.replace("[search]", "[search]\nmax_trials = 3", 1)
+                       if "max_trials" not in text.split("[search]", 1)[-1]
+                       else re.sub(r"max_trials = \d+", "max_trials = 3", text))
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    monkeypatch.setattr(rec, "run_trial",
+                        lambda exp, sampled, ctx, **_kw: result_for(sampled, ctx.repeat % 3))
+    argv = ["--axis", f"{STEPS}=0-3", "--axis", f"{NGRAM}=1,2", "--repeats", "4",
+            "--duration-s", "3", "--out", str(table), "--run-dir", str(tmp_path / "runs")]
+    assert rec.main(["--experiment", str(changed), *argv]) == 0
+    t = pq.read_table(table)
+    assert len(t) == (1 + 3 * 2) * 4 * 2
+    meta = json.loads(t.schema.metadata[b"landscape"])
+    assert meta["repeats"] == 4 and [s["boots"] for s in meta["sessions"]] == [21, 7]
+    other = tmp_path / "other-workload.toml"
+    other.write_text(re.sub(r"output_len = \d+", "output_len = 99", text))
+    assert other.read_text() != text
+    assert rec.main(["--experiment", str(other), *argv]) == 2
+    assert "another experiment" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------- the replay
