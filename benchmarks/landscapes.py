@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from specdecode_tune.backends.speccounters import exactly_from_length
 from specdecode_tune.config import Experiment, experiment_from_dict
 from specdecode_tune.objective import RATIO_FLOOR
 from specdecode_tune.samplers.model import (
@@ -153,7 +154,9 @@ def _space(axes: Sequence[tuple[str, Sequence[Any]]]) -> tuple[ParamSpec, ...]:
     return tuple(specs)
 
 
-def _boot(rows: Sequence[dict[str, Any]]) -> Boot:
+def _boot(rows: Sequence[dict[str, Any]], per_position: bool = False) -> Boot:
+    """One recorded boot. `per_position`: the table's histograms are per-position counts (format
+    1 from vLLM or llama.cpp), given to the samplers in SGLang's form, as a search's are."""
     first = rows[0]
     tok_s: dict[int, float] = {}
     levels = []
@@ -166,7 +169,9 @@ def _boot(rows: Sequence[dict[str, Any]]) -> Boot:
         if r["accept_length"] is not None:
             lv["accept_length"] = float(r["accept_length"])
         if r["accept_histogram"]:
-            lv["accept_histogram"] = [int(x) for x in r["accept_histogram"]]
+            hist = [int(x) for x in r["accept_histogram"]]
+            lv["accept_histogram"] = list(exactly_from_length(hist, r["accept_length"])) \
+                if per_position else hist
         levels.append(lv)
     facts = {"max_total_num_tokens": first["max_total_num_tokens"],
              "max_running_requests": first["max_running_requests"]}
@@ -193,9 +198,10 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
         by_boot.setdefault((row["point"], int(row["repeat"])), []).append(row)
     baseline: list[Boot] = []
     points: dict[Key, list[Boot]] = {}
+    per_position = int(meta.get("format", 1)) < 2 and meta.get("engine") in ("vllm", "llamacpp")
     for (pid, _), rows in sorted(by_boot.items()):
         point = json.loads(pid)
-        boot = _boot(rows)
+        boot = _boot(rows, per_position)
         if int(point.get(STEPS, 0)) == 0:
             baseline.append(boot)
         else:

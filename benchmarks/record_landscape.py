@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specdecode_tune.backends import get_backend, preflight
+from specdecode_tune.backends.speccounters import exactly_from_length
 from specdecode_tune.config import Experiment
 from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.enginecache import expand_path
@@ -57,7 +58,8 @@ from specdecode_tune.trial import TrialContext, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 META_KEY = b"landscape"
-FORMAT = 1
+FORMAT = 2                   # 2: histograms in SGLang's form for every engine (1: per position
+                             # for vLLM and llama.cpp)
 
 # Columns of every row, in order; `axis_<name>` columns (one per axis) come after `point`.
 LEVEL_FIELDS: list[tuple[str, pa.DataType]] = [
@@ -181,6 +183,13 @@ def rows_of(result: TrialResult, point: Mapping[str, Any], repeat: int,
     return rows
 
 
+def per_position_histograms(meta: Mapping[str, Any]) -> bool:
+    """Whether a table's histograms are per-position accepted counts: format 1 from an engine
+    whose acceptance comes from its counters (vLLM, llama.cpp). From format 2 every level's
+    histogram is SGLang's form, verify steps per number of accepted tokens."""
+    return int(meta.get("format", 1)) < 2 and meta.get("engine") in ("vllm", "llamacpp")
+
+
 def read_existing(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(rows, metadata) of a recording, or ([], {}) where there is none yet."""
     if not path.is_file():
@@ -283,6 +292,14 @@ def record(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, meta = read_existing(out)
+    if meta and per_position_histograms(meta):
+        # Written before levels carried SGLang's histogram form: its rows are turned into it
+        # now, so that one table never holds both.
+        for r in rows:
+            if r.get("accept_histogram"):
+                r["accept_histogram"] = list(exactly_from_length(r["accept_histogram"],
+                                                                 r.get("accept_length")))
+        meta["format"] = FORMAT
     if meta and (meta.get("axes") != [[n, list(v)] for n, v in axes]
                  or _measured_by(meta.get("experiment")) != _measured_by(json.loads(exp_json))):
         raise ConfigError(f"{out}: recorded with other axes or another experiment; "

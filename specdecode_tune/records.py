@@ -28,7 +28,9 @@ class RequestRecord:
     verify_ct: int | None = None         # speculative verify steps (SGLang `spec_verify_ct`)
     accepted_tokens: int | None = None   # accepted draft tokens, where the server says
     draft_tokens: int | None = None      # proposed draft tokens, where the server says
-    accept_histogram: tuple[int, ...] = ()   # per-position accepted counts, where given
+    # index j: verify steps that accepted exactly j drafted tokens (SGLang's
+    # spec_accept_histogram), where the server gives it
+    accept_histogram: tuple[int, ...] = ()
     in_window: bool = True        # completed inside the measurement window (counts in stats)
     error: str | None = None      # None = ok; else a short reason ("timeout", "http 500", ...)
     # The server's own words for a failure, where it gave any: "http 400: <its message>", or
@@ -71,7 +73,10 @@ class LevelSummary:
     e2e_p90: float | None
     e2e_p99: float | None
     accept_length: float | None   # sum(completion tokens) / sum(verify steps) over this window
-    accept_histogram: tuple[int, ...] = ()   # summed per-position accepted counts of the window
+    # index j: the window's verify steps that accepted exactly j drafted tokens, one form for
+    # every engine (per request from SGLang, from the counters of vLLM and llama.cpp:
+    # backends/speccounters.py)
+    accept_histogram: tuple[int, ...] = ()
     over_running_limit: bool = False         # concurrency > the server's running limit (queueing)
     suspect: bool = False                    # errors or telemetry flags: keep out of verdicts
     note: str = ""

@@ -89,8 +89,8 @@ class Backend(Protocol):
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None
                           ) -> tuple[float | None, tuple[int, ...]]:
-        """(acceptance length, accepted tokens per draft position) between two snapshots;
-        (None, ()) when the counters cannot say."""
+        """(acceptance length, verify steps per number of accepted tokens: SGLang's
+        histogram form) between two snapshots; (None, ()) when the counters cannot say."""
 
 
 @runtime_checkable

@@ -10,6 +10,12 @@ prefix (`llamacpp:`):
 
 The acceptance length of a window is 1 + delta(accepted) / delta(drafts): tokens emitted per
 verify step, the bonus token included, which is what SGLang's `spec_accept_length` means too.
+The window's histogram is given as SGLang gives its `spec_accept_histogram`, the one form a
+level's `accept_histogram` has whatever the engine: index j = verify steps that accepted
+exactly j drafted tokens (so its sum is delta(drafts) and sum(j * h[j]) is delta(accepted)).
+The counters count per position instead (the drafts whose i-th token was accepted: a step
+that accepted j tokens adds one at each position below j): `exactly_accepted` turns one form
+into the other, `per_position` back.
 A snapshot is taken before and after a measurement window; the deltas cover exactly the
 requests the server worked on in between (warm-up excluded), unlike a lifetime average.
 
@@ -75,7 +81,7 @@ def scrape(base_url: str, prefix: str, timeout_s: float = 5.0) -> dict[str, floa
 
 def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None,
            prefix: str) -> tuple[float | None, tuple[int, ...]]:
-    """(acceptance length, accepted tokens per draft position) between two snapshots.
+    """(acceptance length, verify steps per number of accepted tokens) between two snapshots.
 
     (None, ()) when a snapshot is missing, the counters are absent (no speculation), no draft
     was verified in the window, or a counter went down (the server restarted)."""
@@ -100,8 +106,41 @@ def window(before: Mapping[str, float] | None, after: Mapping[str, float] | None
             if delta < 0:
                 return None, ()
             per_pos[pos] = round(delta)
-    hist = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
-    return 1.0 + d_accepted / d_drafts, hist
+    counts = tuple(per_pos.get(i, 0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return 1.0 + d_accepted / d_drafts, exactly_accepted(round(d_drafts), counts)
+
+
+def exactly_accepted(drafts: int, per_pos: Sequence[int]) -> tuple[int, ...]:
+    """Verify steps that accepted exactly j tokens (j = 0..len(per_pos)), from the number of
+    verify steps and the per-position accepted counts. A count above the one before it (the
+    counters were read while a step was being added) is taken as equal to it. () where there
+    are no per-position counts."""
+    if not per_pos:
+        return ()
+    at_least = [max(0, int(drafts))]
+    for c in per_pos:
+        at_least.append(min(max(0, int(c)), at_least[-1]))
+    return tuple(a - b for a, b in zip(at_least, [*at_least[1:], 0]))
+
+
+def exactly_from_length(per_pos: Sequence[int], accept_length: float | None
+                        ) -> tuple[int, ...]:
+    """`exactly_accepted` where the number of verify steps is known only through the
+    acceptance length (1 + accepted / steps): a level stored before levels carried SGLang's
+    form (recorded landscapes of format 1 from vLLM and llama.cpp)."""
+    accepted = sum(int(c) for c in per_pos)
+    if not per_pos:
+        return ()
+    steps = round(accepted / (accept_length - 1.0)) if accept_length and accept_length > 1.0 \
+        else max(int(c) for c in per_pos)
+    return exactly_accepted(steps, per_pos)
+
+
+def per_position(exact: Sequence[int]) -> tuple[int, ...]:
+    """The per-position accepted counts of an exactly-j histogram (the inverse of
+    `exactly_accepted` for consistent counts): position i counts the steps that accepted more
+    than i tokens."""
+    return tuple(sum(exact[i + 1:]) for i in range(len(exact) - 1))
 
 
 def in_flight(base_url: str, gauges: Sequence[str], timeout_s: float = 5.0) -> int | None:

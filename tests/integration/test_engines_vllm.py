@@ -141,7 +141,9 @@ def test_facts_and_speculative_counters(servers: Any) -> None:
     assert sum(f["_chunks"] for f in finals) < generated
     length, hist = b.window_acceptance(before, after)
     assert length == pytest.approx(1 + accepted / drafts)
-    assert sum(hist) == accepted and len(hist) == K
+    # SGLang's form: verify steps that accepted exactly j tokens, j = 0..K
+    assert sum(hist) == drafts and len(hist) == K + 1
+    assert sum(j * n for j, n in enumerate(hist)) == accepted
     # the noiseless cycling model accepts (nearly) every draft
     assert length > 0.9 * (K + 1)
 

@@ -210,6 +210,56 @@ def test_a_later_session_adds_repeats_though_the_search_settings_changed(
     assert "another experiment" in capsys.readouterr().err
 
 
+def _as_format_1(table: Path, per_pos: list[int], accept: float) -> None:
+    """Rewrite a table as a format-1 recording of a counter engine wrote it: per-position
+    accepted counts in every level's histogram."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(table)
+    meta = json.loads(t.schema.metadata[b"landscape"])
+    meta["format"] = 1
+    rows = t.to_pylist()
+    for r in rows:
+        if r["accept_histogram"]:
+            r["accept_histogram"], r["accept_length"] = per_pos, accept
+    out = pa.Table.from_pylist(rows, schema=t.schema).replace_schema_metadata(
+        {b"landscape": json.dumps(meta).encode()})
+    pq.write_table(out, table)
+
+
+def test_format_1_histograms_of_counter_engines_replay_in_sglangs_form(
+        land_mod: ModuleType, table: Path) -> None:
+    """vLLM's and llama.cpp's tables of format 1 hold per-position accepted counts; a search
+    hands the samplers SGLang's form (verify steps per number of accepted tokens), and so
+    does the replay: 10 steps with (9, 8, 8) accepted per position are (1, 1, 0, 8)."""
+    _as_format_1(table, [9, 8, 8], 1.0 + 25 / 10)
+    land = land_mod.landscape_of.__wrapped__(str(table))
+    boot = land.points[(1, 2)][0]
+    assert [lv["accept_histogram"] for lv in boot.levels] == [[1, 1, 0, 8], [1, 1, 0, 8]]
+
+
+def test_resuming_a_format_1_table_turns_its_histograms_into_sglangs_form(
+        rec: ModuleType, table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow.parquet as pq
+
+    _as_format_1(table, [9, 8, 8], 3.5)
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    monkeypatch.setattr(rec, "run_trial",
+                        lambda exp, sampled, ctx, **_kw: result_for(sampled, ctx.repeat % 3))
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
+                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
+                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    t = pq.read_table(table)
+    assert json.loads(t.schema.metadata[b"landscape"])["format"] == 2
+    rows = t.to_pylist()
+    old = [r["accept_histogram"] for r in rows if r["repeat"] < 3 and r["accept_histogram"]]
+    new = [r["accept_histogram"] for r in rows if r["repeat"] == 3 and r["accept_histogram"]]
+    assert old and all(h == [1, 1, 0, 8] for h in old)
+    assert new and all(h == [3, 4, 5] for h in new)       # written as the trial gave them
+
+
 # ----------------------------------------------------------------------------------- the replay
 
 

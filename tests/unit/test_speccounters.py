@@ -7,7 +7,13 @@ from conftest import pick_free_port
 
 from specdecode_tune.backends import get_backend
 from specdecode_tune.backends import prometheus as promtext
-from specdecode_tune.backends.speccounters import in_flight, snapshot, window
+from specdecode_tune.backends.speccounters import (
+    exactly_accepted,
+    in_flight,
+    per_position,
+    snapshot,
+    window,
+)
 from specdecode_tune.trial import drain
 
 P = "vllm:"
@@ -28,15 +34,27 @@ def test_acceptance_length_is_one_plus_accepted_per_draft_over_the_window() -> N
     after = snap(160, 330, (140, 110, 70, 10))
     length, hist = window(before, after, P)
     assert length == pytest.approx(1 + 180 / 60)
-    assert hist == (60, 60, 50, 10)
-    assert sum(hist) == 180          # the per-position counts add up to the accepted delta
+    # per position (60, 60, 50, 10) over 60 verify steps: SGLang's form, exactly j accepted
+    assert hist == (0, 0, 10, 40, 10)
+    assert sum(hist) == 60                                   # the verify steps
+    assert sum(j * n for j, n in enumerate(hist)) == 180     # the accepted tokens
+    assert per_position(hist) == (60, 60, 50, 10)
+
+
+def test_exactly_accepted_and_per_position_are_inverse_and_clip_torn_reads() -> None:
+    assert exactly_accepted(10, (9, 8, 8)) == (1, 1, 0, 8)
+    assert per_position((1, 1, 0, 8)) == (9, 8, 8)
+    assert exactly_accepted(10, ()) == ()
+    # A later position read above an earlier one (a step added between two reads): capped.
+    assert exactly_accepted(10, (7, 9)) == (3, 0, 7)
+    assert exactly_accepted(5, (7,)) == (0, 5)
 
 
 def test_counters_that_appear_during_the_window_count_from_zero() -> None:
     # vLLM creates the per-position series lazily: absent before = 0
     length, hist = window({}, snap(10, 25, (9, 8, 8)), P)
     assert length == pytest.approx(3.5)
-    assert hist == (9, 8, 8)
+    assert hist == (1, 1, 0, 8)
 
 
 @pytest.mark.parametrize("before,after", [
@@ -67,7 +85,7 @@ def test_snapshot_sums_over_engines_keeps_positions_and_drops_buckets() -> None:
 def test_backends_use_their_own_prefix() -> None:
     lc = get_backend("llamacpp")
     before, after = snap(0, 0, prefix="llamacpp:"), snap(8, 20, (8, 7, 5), prefix="llamacpp:")
-    assert lc.window_acceptance(before, after) == (pytest.approx(3.5), (8, 7, 5))
+    assert lc.window_acceptance(before, after) == (pytest.approx(3.5), (0, 1, 2, 5))
     assert get_backend("vllm").window_acceptance(before, after) == (None, ())
     # SGLang's acceptance comes per request: no window from counters
     assert get_backend("sglang").window_acceptance(before, after) == (None, ())

@@ -6,8 +6,9 @@ EI is averaged over joint posterior draws, with infeasible draws counting as no 
 over every valid configuration of the space (`candidates`), excluding those measured or
 running; ties go to the higher mean score. The improvement is over the model's own mean of the
 best measured configuration (the plug-in reference for noisy measurements: the best measured
-value is the luckiest boot, against which nothing looks like an improvement; `_reference`). The plan names the model's four axes; every other
-parameter follows the incumbent (else the base sampler). The base sampler (TPE by default)
+value is the luckiest boot, against which nothing looks like an improvement; `_reference`).
+The plan names the model's four axes; every other parameter follows the incumbent (else the
+base sampler). The base sampler (TPE by default)
 takes the trial instead on:
 
 - thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
