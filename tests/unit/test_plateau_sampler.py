@@ -12,6 +12,7 @@ import math
 import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,18 +20,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdecode_tune.config import load_experiment
 from specdecode_tune.samplers import (
     BASELINE_ATTR,
+    DECISION_ATTR,
     EVENTS_ATTR,
     JUMP_OUTCOME_ATTR,
     JUMP_REASON_ATTR,
     MEASURED_ATTR,
     OUTCOMES,
+    HybridSampler,
     PlateauEscapeSampler,
     baseline_attr,
     measured_attr,
 )
 from specdecode_tune.samplers.plateau.geometry import blocked
+from specdecode_tune.search.sampler_factory import make_sampler
 
 STEPS = "speculative_num_steps"
 TOPK = "speculative_eagle_topk"
@@ -618,6 +623,7 @@ def test_the_search_call_form_a_seeded_base_plus_seed() -> None:
 # study's "baseline" attr, as the search writes them. The objectives below record what each
 # trial measured at C=1 and C=64 and score the mean of the two log-speedups (equal weights).
 
+REPO = Path(__file__).resolve().parents[2]
 LEVEL_BASE = {1: 100.0, 64: 1000.0}
 
 
@@ -827,3 +833,31 @@ def test_a_sampler_pickled_before_per_level_mode_unpickles_as_scalar() -> None:
     sampler = PlateauEscapeSampler(seed=0, per_level=True)
     del sampler.__dict__["_per_level"]
     assert pickle.loads(pickle.dumps(sampler)).per_level is False
+
+
+def test_hybrid_passes_per_level_to_its_plateau_probe_and_its_outlook_names_the_level() -> None:
+    assert HybridSampler(seed=0).plateau.per_level is False
+    study = with_baseline(new_study(HybridSampler(seed=0, per_level=True)))
+    assert study.sampler.plateau.per_level  # type: ignore[attr-defined]
+    sweep(study)
+    objective = level_objective(ESCAPE_AT_C1)
+    study.optimize(objective, n_trials=5)
+    assert study.sampler.outlook(study) == {  # type: ignore[attr-defined]
+        "by": "plateau", "why": "a plateau at C=1 on speculative_num_steps is not probed yet"}
+    study.optimize(objective, n_trials=1)
+    jump = study.trials[5]
+    assert jump.params == {STEPS: 10, TOPK: 1}
+    assert jump.user_attrs[DECISION_ATTR] == {"by": "plateau",
+                                              "why": jump.user_attrs[JUMP_REASON_ATTR]}
+    assert jump.user_attrs[JUMP_REASON_ATTR].startswith("plateau at C=1 on ")
+    assert events(study)[0]["outcome"] == "escaped"
+
+
+@pytest.mark.parametrize("experiment, per_level", [("sim-schedule", True),
+                                                   ("sim-default", False)])
+def test_the_search_sets_per_level_for_a_schedule_objective(experiment: str,
+                                                            per_level: bool) -> None:
+    exp = load_experiment(REPO / "experiments" / f"{experiment}.toml")
+    assert (exp.objective.kind == "schedule") is per_level
+    assert make_sampler("plateau", exp, 0).per_level is per_level
+    assert make_sampler("hybrid", exp, 0).plateau.per_level is per_level
