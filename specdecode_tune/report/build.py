@@ -130,7 +130,9 @@ def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
         head = ("step", "score") + tuple(f"C={c}" for c in data.levels)
         rows = []
         for s in v.steps:
-            cells = [f"{fmt_value(s.a)} -> {fmt_value(s.b)}" + (" (jump)" if s.jump else ""),
+            jump = "" if not s.jump else " (jump)" if s.jump_level is None \
+                else f" (jump at C={s.jump_level})"
+            cells = [f"{fmt_value(s.a)} -> {fmt_value(s.b)}{jump}",
                      pct(s.score) + (" (noise)" if s.score_within else "")]
             for c in data.levels:
                 d = s.levels.get(c)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,6 +49,17 @@ SCHEDULE_IDS = (SCHEDULE_ID, SAME_ID)
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
 # Axes in the order a reader asks about them: steps first (the seed's question).
 AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
+# The plateau sampler's reason for a jump found on one concurrency level's own score starts
+# "plateau at C=<level> on <axis>: " (samplers/plateau/events.py `reason`, per-level mode under
+# a schedule objective); a jump found on the score's plateau, "plateau on <axis>: ".
+_LEVEL_JUMP = re.compile(r"plateau at C=(\d+) on ")
+
+
+def jump_level(reason: str | None) -> int | None:
+    """The concurrency level whose own plateau a jump probed (from its reason); None for a jump
+    on the score's plateau, or no jump."""
+    m = _LEVEL_JUMP.match(reason or "")
+    return None if m is None else int(m.group(1))
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,11 @@ class Config:
     @property
     def jump_reason(self) -> str | None:
         return next((t.jump_reason for t in self.trials if t.jump_reason), None)
+
+    @property
+    def jump_level(self) -> int | None:
+        """The level whose own plateau this config probed; None for the score's, or no jump."""
+        return jump_level(self.jump_reason)
 
     def values(self, c: int) -> list[float]:
         return [t.levels[c].output_tok_s for t in self.trials if c in t.levels]

@@ -12,7 +12,9 @@ units (score, or log tok/s per concurrency level), with the noise band:
   whether larger values climb;
 - an *escaped* plateau: a flat run (adjacent steps within the band) below the best, left behind
   by a value better than the run by more than the band: "escaped at steps=10, by +N%";
-- *probes*: values further beyond (the plateau sampler's jumps are marked as such).
+- *probes*: values further beyond (the plateau sampler's jumps are marked as such: "(plateau
+  jump)" for a probe of the score's plateau, "(plateau jump at C=1)" for one of C=1's own
+  plateau, which the sampler makes under a schedule objective; that level's line marks it too).
 
 Every step is also listed with its per-level differences, each marked "within noise" when it
 is inside that level's band, so a reader sees which differences are real.
@@ -80,6 +82,7 @@ class Step:
     score_within: bool
     levels: dict[int, tuple[float, bool]]  # level -> (log difference, within its band)
     jump: bool                           # b was proposed by the plateau sampler as a jump
+    jump_level: int | None = None        # ... as a probe of that level's own plateau
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,15 @@ class AxisVerdict:
 
 def _name(axis: str) -> str:
     return SHORT_NAMES.get(axis, axis)
+
+
+def jump_tag(cf: Config) -> str:
+    """' (plateau jump)', ' (plateau jump at C=1)' for a probe of one level's own plateau, or
+    '' where the plateau sampler did not propose this config."""
+    if not cf.jump:
+        return ""
+    level = cf.jump_level
+    return " (plateau jump)" if level is None else f" (plateau jump at C={level})"
 
 
 def _diff(a: Config, b: Config, c: int) -> float | None:
@@ -193,7 +205,7 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
 
     def tag(i: int, j: int) -> str:
         """' (plateau jump)' when the plateau sampler proposed value j as a far probe."""
-        return " (plateau jump)" if cfs[j].jump else ""
+        return jump_tag(cfs[j])
 
     k = sh.best
     parts: list[str] = []
@@ -206,7 +218,7 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
             f"the plateau at {name}={fmt_value(values[i])}..{fmt_value(values[j])} "
             f"({fmt_value(values[j - 1])} -> {fmt_value(values[j])}: "
             f"{score_diff(cfs[j - 1], cfs[j], data)}) was escaped at {at(k)}"
-            f"{' (plateau jump)' if cfs[k].jump else ''}: score {pct(escape_delta)} over "
+            f"{jump_tag(cfs[k])}: score {pct(escape_delta)} over "
             f"{at(j)} ({level_diffs(cfs[j], cfs[k], data)})")
     above = sh.above(n)
     beyond_value = beyond_delta = None
@@ -327,12 +339,13 @@ def _step(data: RunData, values: Sequence[Any], cfs: Sequence[Config], i: int, j
         if x is not None:
             levels[c] = (x, abs(x) <= data.level_bands.get(c, data.band))
     return Step(a=values[i], b=values[j], score=d, score_within=abs(d) <= data.band,
-                levels=levels, jump=cfs[j].jump)
+                levels=levels, jump=cfs[j].jump, jump_level=cfs[j].jump_level)
 
 
 def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Config],
                refused: Sequence[Any] = ()) -> list[str]:
-    """One sentence per concurrency level: where that level's curve peaks or plateaus."""
+    """One sentence per concurrency level: where that level's curve peaks or plateaus, with the
+    plateau sampler's probes of that level's own plateau marked."""
     name = _name(axis)
     out = []
     for c in data.levels:
@@ -346,7 +359,10 @@ def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Co
         band = data.level_bands.get(c, data.band)
         sh = shape(ys, band)
         k = sh.best
-        best_txt = f"{name}={fmt_value(vs[k])} ({cfs[idx[k]].tok_s(c):.0f} tok/s)"
+        # This level's own probes (jumps found on its plateau), marked.
+        own = [jump_tag(cfs[i]) if cfs[i].jump_level == c else "" for i in idx]
+        mentioned = {k}
+        best_txt = f"{name}={fmt_value(vs[k])}{own[k]} ({cfs[idx[k]].tok_s(c):.0f} tok/s)"
         if sh.lo == sh.hi:
             s = f"C={c}: best at {best_txt}"
         else:
@@ -358,14 +374,19 @@ def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Co
                   f"escaped by {pct(ys[k] - ys[j])}")
         above = sh.above(len(ys))
         if above is not None:
-            s += (f"; {name}={fmt_value(vs[above])}: {pct(ys[above] - ys[k])}: "
+            mentioned.add(above)
+            s += (f"; {name}={fmt_value(vs[above])}{own[above]}: {pct(ys[above] - ys[k])}: "
                   f"{'the plateau is' if sh.lo != sh.hi else 'it is'} a peak")
             if len(ys) - 1 > above:
-                s += f"; {name}={fmt_value(vs[-1])}: {pct(ys[-1] - ys[k])}"
+                mentioned.add(len(ys) - 1)
+                s += f"; {name}={fmt_value(vs[-1])}{own[-1]}: {pct(ys[-1] - ys[k])}"
         else:
             s += "; nothing larger measured"
             if refused:
                 s += f" ({name}={', '.join(fmt_value(v) for v in refused)} refused)"
+        for i in range(len(ys)):
+            if i not in mentioned and own[i]:
+                s += f"; probe at {name}={fmt_value(vs[i])}{own[i]}: {pct(ys[i] - ys[k])}"
         out.append(s)
     return out
 

@@ -4,9 +4,11 @@ stays explicit, and TPE takes over where the fit is poor.
 Before each fresh trial, in this order:
 
 1. **The plateau question.** The plateau-escape logic (`plateau/`) looks for a plateau around
-   the incumbent; when it finds one, this trial is its far probe (the jump, with its reason and,
-   once it finishes, its outcome recorded on the trial and in the study's `plateau_events`, as
-   `PlateauEscapeSampler` records them). One probe at a time, never for an enqueued trial.
+   the incumbent (with `per_level`, first around each concurrency level's own incumbent, on
+   that level's own score); when it finds one, this trial is its far probe (the jump, with its
+   reason and, once it finishes, its outcome recorded on the trial and in the study's
+   `plateau_events`, as `PlateauEscapeSampler` records them). One probe at a time, never for an
+   enqueued trial.
 2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft
    position, step time and the KV budget to what the trials measured and proposes the point of
    largest expected improvement, when its fit is good: its error on the measured points
@@ -60,8 +62,9 @@ class HybridSampler(PlannedSampler):
             `ModelGuidedSampler`).
         noise_band: the plateau logic's band until the search measures one.
         max_residual: the model's fit error (relative tok/s) above which TPE takes over.
-        per_level: the model proposes by the expected improvement of any level's best
-            (`[objective] kind = "schedule"`; see `ModelGuidedSampler`).
+        per_level: the model proposes by the expected improvement of any level's best, and
+            the plateau probe also looks for plateaus on each level's own score
+            (`[objective] kind = "schedule"`; see `ModelGuidedSampler`, `PlateauEscapeSampler`).
         seed: seeds the model's posterior draws (and the default base sampler).
     """
 
@@ -81,7 +84,8 @@ class HybridSampler(PlannedSampler):
         super().__init__(base_sampler, seed)
         # Both parts share the one base sampler; neither's own before_trial runs (this one's
         # calls the base's once), so the base sees each trial once.
-        self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed)
+        self._plateau = PlateauEscapeSampler(self._base, noise_band=noise_band, seed=seed,
+                                             per_level=per_level)
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
                                          max_residual=max_residual, min_trials=1,
                                          pessimistic_running=True, seed=seed,
@@ -142,6 +146,7 @@ class HybridSampler(PlannedSampler):
         band = self._plateau._band(study)
         plateau, _ = self._plateau._find_jump(study, trials, events, band)
         if plateau is not None:
-            return {"by": "plateau", "why": f"a plateau on {plateau.axis} is not probed yet"}
+            at = "" if plateau.level is None else f" at C={plateau.level}"
+            return {"by": "plateau", "why": f"a plateau{at} on {plateau.axis} is not probed yet"}
         decision, _ = self._model.decide(study, len(trials))
         return decision

@@ -2,7 +2,9 @@
 gives (`config.SAMPLERS`): `hybrid` (the default: the plateau probe, else the model where its
 fit is good, else TPE; `samplers.hybrid`), `tpe`, `random`, `nsga2` (Optuna's), `plateau`
 (plateau escape over TPE) and `model` (model-guided over TPE). The search-efficiency benchmark
-builds its samplers here too, so that it measures the ones a search runs.
+builds its samplers here too, so that it measures the ones a search runs. Under `[objective]
+kind = "schedule"` the project's samplers aim at every level's best (`per_level`: the model by
+the expected improvement of any level's best, the plateau probe on each level's own score).
 
 TPE starts with min(6, max_trials) random trials; NSGA-II's population is max_trials / 2,
 clamped to [4, 20]. Every sampler is seeded with the run's seed.
@@ -30,7 +32,8 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
             4, min(20, exp.search.max_trials // 2)))
     if name == "plateau":
         from ..samplers import PlateauEscapeSampler
-        return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed)
+        return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed,
+                                    per_level=exp.objective.kind == "schedule")
     if name == "hybrid":
         from ..samplers import HybridSampler
         return HybridSampler(tpe, space=exp.space, fixed=exp.backend.flags,

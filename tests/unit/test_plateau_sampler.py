@@ -12,6 +12,7 @@ import math
 import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,13 +20,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdecode_tune.config import load_experiment
 from specdecode_tune.samplers import (
+    BASELINE_ATTR,
+    DECISION_ATTR,
     EVENTS_ATTR,
     JUMP_OUTCOME_ATTR,
     JUMP_REASON_ATTR,
+    MEASURED_ATTR,
     OUTCOMES,
+    HybridSampler,
     PlateauEscapeSampler,
+    baseline_attr,
+    measured_attr,
 )
+from specdecode_tune.samplers.plateau.geometry import blocked
+from specdecode_tune.search.sampler_factory import make_sampler
 
 STEPS = "speculative_num_steps"
 TOPK = "speculative_eagle_topk"
@@ -604,3 +614,250 @@ def test_the_search_call_form_a_seeded_base_plus_seed() -> None:
     sweep(study)
     study.optimize(steps_topk(seed_steps), n_trials=6)
     assert study.trials[5].params == {STEPS: 10, TOPK: 1}
+
+
+# ---------------------------------------------------------------------------- per level
+#
+# Under [objective] kind = "schedule" the sampler also looks for plateaus on each concurrency
+# level's own score: its log-speedup over the baseline, from the trial's "measured" attr and the
+# study's "baseline" attr, as the search writes them. The objectives below record what each
+# trial measured at C=1 and C=64 and score the mean of the two log-speedups (equal weights).
+
+REPO = Path(__file__).resolve().parents[2]
+LEVEL_BASE = {1: 100.0, 64: 1000.0}
+
+
+def c1_climbs_on(steps: int) -> float:
+    """C=1: the seed's climb, 4 -> 5 flat (+1.8%), then it climbs again: 332 tok/s at 10."""
+    tok_s = SEED_TOK_S.get(steps, 282.0 + 10.0 * (steps - 5))
+    return math.log(tok_s / 123.0)
+
+
+def c64_peaks_at_4(steps: int) -> float:
+    """C=64: a clear peak at steps 4 (a longer draft costs a full batch more than it gains)."""
+    return {1: 0.0, 2: 0.30, 3: 0.45, 4: 0.50, 5: 0.40}.get(steps, 0.40 - 0.1 * (steps - 5))
+
+
+def c64_flat_2_3(steps: int) -> float:
+    """C=64: flat 2 -> 3 (+1.0%), falling beyond."""
+    return {1: 0.0, 2: 0.50, 3: 0.51, 4: 0.30, 5: 0.20}.get(steps, 0.20 - 0.1 * (steps - 5))
+
+
+ESCAPE_AT_C1 = {1: c1_climbs_on, 64: c64_peaks_at_4}
+BOTH_FLAT = {1: seed_steps, 64: c64_flat_2_3}
+
+
+def level_objective(curves: Mapping[int, Callable[[int], float]],
+                    missing: Callable[[int], tuple[int, ...]] = lambda steps: (),
+                    ) -> Callable[[optuna.Trial], float]:
+    """Each level's log-speedup by steps (topk costs every level alike); `missing(steps)`: the
+    levels a trial at those steps did not measure (a suspect level, left out as the search
+    leaves it out)."""
+
+    def objective(trial: optuna.Trial) -> float:
+        steps = trial.suggest_int(STEPS, 1, 16)
+        topk = trial.suggest_categorical(TOPK, [1, 2, 4])
+        logs = {c: f(steps) + TOPK_EFFECT[topk] for c, f in curves.items()}
+        trial.set_user_attr(MEASURED_ATTR, measured_attr(
+            status="ok", params=trial.params,
+            levels=[{"concurrency": c, "output_tok_s": LEVEL_BASE[c] * math.exp(x)}
+                    for c, x in logs.items() if c not in missing(steps)]))
+        return sum(logs.values()) / len(logs)
+
+    return objective
+
+
+def with_baseline(study: optuna.Study) -> optuna.Study:
+    study.set_user_attr(BASELINE_ATTR, baseline_attr(
+        levels=[{"concurrency": c, "output_tok_s": v} for c, v in LEVEL_BASE.items()],
+        weights={c: 1.0 for c in LEVEL_BASE}))
+    return study
+
+
+def level_study(per_level: bool = True, seed: int = 0) -> optuna.Study:
+    return with_baseline(new_study(PlateauEscapeSampler(seed=seed, per_level=per_level)))
+
+
+def outcomes(study: optuna.Study) -> list[tuple[Any, ...]]:
+    return [(e.get("level"), e["plateau_to"], e["jump_to"], e["outcome"]) for e in events(study)]
+
+
+def test_per_level_probes_the_plateau_of_c1_that_the_score_does_not_show() -> None:
+    study = level_study()
+    sweep(study)
+    study.optimize(level_objective(ESCAPE_AT_C1), n_trials=5 + 1)
+
+    # The score peaks at steps 4 (C=64 falls 4 -> 5 by far more than C=1 gains), so it has no
+    # plateau; C=1's own curve is flat 4 -> 5 around C=1's incumbent, steps 5.
+    scores = [t.value for t in study.trials[:5]]
+    assert max(range(5), key=lambda i: scores[i]) == 3
+    [event] = events(study)
+    jump = study.trials[5]
+    reason = ("plateau at C=1 on speculative_num_steps: 4 -> 5 gained +1.8% (noise band "
+              "+-2.5%); jumping to 10")
+    assert jump.params == {STEPS: 10, TOPK: 1}
+    assert jump.user_attrs[JUMP_REASON_ATTR] == reason == event["reason"]
+    assert event["level"] == 1 and event["baseline_tok_s"] == LEVEL_BASE[1]
+    assert event["incumbent_trial"] == 4  # C=1's own incumbent (steps 5), not the score's (4)
+    assert event["incumbent_value"] == pytest.approx(c1_climbs_on(5))
+    assert event["gain"] == pytest.approx(math.log(282 / 277))
+    # Resolved on C=1's value: C=1 climbs +17.7% at steps 10 while the score falls by far more
+    # than the band (C=64 collapses there): escaped at C=1.
+    assert jump.value < scores[3] - 0.1
+    assert event["value"] == pytest.approx(c1_climbs_on(10))
+    assert event["delta"] == pytest.approx(math.log(332 / 282))
+    assert event["outcome"] == "escaped" == jump.user_attrs[JUMP_OUTCOME_ATTR]
+    assert event["verdict"] == (
+        "C=1: escaped the plateau at speculative_num_steps=5; "
+        "probe at speculative_num_steps=10: +17.7% (noise band +-2.5%)")
+    json.dumps(study.user_attrs[EVENTS_ATTR])
+
+
+def test_scalar_mode_ignores_the_levels_and_searches_as_before() -> None:
+    def trace(study: optuna.Study) -> list[tuple[Any, ...]]:
+        return [(t.params, t.value, t.user_attrs.get(JUMP_REASON_ATTR)) for t in study.trials]
+
+    # The same data, with and without what each level measured and the baseline.
+    scalar = level_study(per_level=False, seed=4)
+    sweep(scalar)
+    scalar.optimize(level_objective(ESCAPE_AT_C1), n_trials=25)
+    bare = new_study(PlateauEscapeSampler(seed=4))
+    sweep(bare)
+    bare.optimize(level_objective(ESCAPE_AT_C1), n_trials=25)
+
+    assert trace(scalar) == trace(bare)
+    assert events(scalar) == events(bare)
+    assert JUMP_REASON_ATTR not in scalar.trials[5].user_attrs  # the score has no plateau
+    assert all(e["level"] is None and "C=" not in e["reason"] for e in events(scalar))
+
+
+def test_levels_go_lowest_first_then_the_score_and_each_is_blocked_on_its_own() -> None:
+    study = level_study()
+    sweep(study)
+    study.optimize(level_objective(BOTH_FLAT), n_trials=5 + 30)
+
+    # C=1 flat 4 -> 5 (jump to 10), C=64 flat 2 -> 3 (jump to 6), the score flat 3 -> 4 (jump
+    # to 8): one probe each, in that order, each a peak on its own scale; C=1's peak blocks
+    # neither C=64's plateau nor the score's, and nothing is probed again in 30 trials.
+    assert outcomes(study) == [(1, 5, 10, "peak"), (64, 3, 6, "peak"), (None, 4, 8, "peak")]
+    assert [e["trial_number"] for e in events(study)] == [5, 6, 7]
+    c1, c64, score = events(study)
+    assert study.trials[6].params == {STEPS: 6, TOPK: 1}
+    assert c64["reason"] == ("plateau at C=64 on speculative_num_steps: 2 -> 3 gained +1.0% "
+                             "(noise band +-2.5%); jumping to 6")
+    assert c64["verdict"].startswith(
+        "C=64: speculative_num_steps=2..3 (best at 3) is a peak; "
+        "probe at speculative_num_steps=6: ")
+    assert c64["delta"] == pytest.approx(c64_flat_2_3(6) - c64_flat_2_3(3))
+    assert score["reason"].startswith("plateau on speculative_num_steps: 3 -> 4")
+    assert score["verdict"].startswith("speculative_num_steps=3..4 (best at 3) is a peak")
+    assert score["baseline_tok_s"] is None
+
+
+def test_blocked_holds_per_axis_direction_and_level() -> None:
+    old = {"axis": STEPS, "direction": "up", "incumbent_value": 0.8}      # before levels: the
+    at_1 = {**old, "level": 1}                                            # score's
+    for events_, level, expected in [
+        ([at_1], 1, True), ([at_1], 64, False), ([at_1], None, False),
+        ([old], None, True), ([old], 1, False),
+    ]:
+        assert blocked(STEPS, "up", 0.81, 1.0, 0.025, events_, level=level) is expected
+    assert not blocked(STEPS, "down", 0.81, 1.0, 0.025, [at_1], level=1)
+    assert not blocked(MEM, "up", 0.81, 1.0, 0.025, [at_1], level=1)
+    assert not blocked(STEPS, "up", 0.90, 1.0, 0.025, [at_1], level=1)  # a higher plateau
+
+
+def test_a_level_probe_that_did_not_measure_its_level_has_failed() -> None:
+    # The probe's C=1 window was suspect (left out of what it measured): no C=1 value to judge.
+    study = level_study()
+    sweep(study)
+    study.optimize(level_objective(ESCAPE_AT_C1, missing=lambda s: (1,) if s == 10 else ()),
+                   n_trials=6)
+    [event] = events(study)
+    assert (event["level"], event["outcome"], event["value"]) == (1, "failed", None)
+    assert event["verdict"] == (
+        "C=1: probe at speculative_num_steps=10 ended COMPLETE without a measurement at C=1; "
+        "not probed again from speculative_num_steps=5")
+
+
+def test_without_a_baseline_per_level_mode_probes_the_score_only() -> None:
+    study = new_study(PlateauEscapeSampler(seed=0, per_level=True))
+    sweep(study)
+    study.optimize(level_objective(BOTH_FLAT), n_trials=7)
+    assert outcomes(study) == [(None, 4, 8, "peak")]
+
+
+def test_an_event_from_before_levels_loads_resolves_and_blocks_as_the_scores() -> None:
+    study = level_study(per_level=False)
+    sweep(study)
+    objective = level_objective(BOTH_FLAT)
+    study.optimize(objective, n_trials=5)
+    trial = study.ask()  # scalar mode: the score's jump (3 -> 4, to 8)
+    # Written by an older version: no level, no baseline; told while another sampler ran, so
+    # it is resolved by the next decision (`_resolve_stale`).
+    old = [{k: v for k, v in e.items() if k not in ("level", "baseline_tok_s")}
+           for e in events(study)]
+    study.set_user_attr(EVENTS_ATTR, old)
+    study.sampler = optuna.samplers.RandomSampler(seed=0)
+    study.tell(trial, objective(trial))
+    assert events(study)[0]["outcome"] is None
+
+    study.sampler = PlateauEscapeSampler(seed=0, per_level=True)
+    study.optimize(objective, n_trials=20)
+    first = events(study)[0]
+    assert "level" not in first and first["outcome"] == "peak"
+    assert first["verdict"].startswith("speculative_num_steps=3..4 (best at 3) is a peak")
+    # The levels are probed; the score's plateau is not probed again.
+    assert outcomes(study) == [(None, 4, 8, "peak"), (1, 5, 10, "peak"), (64, 3, 6, "peak")]
+
+
+def test_per_level_pickled_mid_study_continues_exactly_as_an_uninterrupted_run() -> None:
+    whole = level_study(seed=7)
+    sweep(whole)
+    whole.optimize(level_objective(BOTH_FLAT), n_trials=25)
+
+    first = level_study(seed=7)
+    sweep(first)
+    first.optimize(level_objective(BOTH_FLAT), n_trials=6)  # C=1's probe resolved, C=64's next
+    assert outcomes(first) == [(1, 5, 10, "peak")]
+    resumed: optuna.Study = pickle.loads(pickle.dumps(first))
+    assert isinstance(resumed.sampler, PlateauEscapeSampler) and resumed.sampler.per_level
+    resumed.optimize(level_objective(BOTH_FLAT), n_trials=19)
+
+    assert _trace(resumed) == _trace(whole)
+    assert events(resumed) == events(whole)
+    assert len(events(whole)) == 3
+
+
+def test_a_sampler_pickled_before_per_level_mode_unpickles_as_scalar() -> None:
+    sampler = PlateauEscapeSampler(seed=0, per_level=True)
+    del sampler.__dict__["_per_level"]
+    assert pickle.loads(pickle.dumps(sampler)).per_level is False
+
+
+def test_hybrid_passes_per_level_to_its_plateau_probe_and_its_outlook_names_the_level() -> None:
+    assert HybridSampler(seed=0).plateau.per_level is False
+    study = with_baseline(new_study(HybridSampler(seed=0, per_level=True)))
+    assert study.sampler.plateau.per_level  # type: ignore[attr-defined]
+    sweep(study)
+    objective = level_objective(ESCAPE_AT_C1)
+    study.optimize(objective, n_trials=5)
+    assert study.sampler.outlook(study) == {  # type: ignore[attr-defined]
+        "by": "plateau", "why": "a plateau at C=1 on speculative_num_steps is not probed yet"}
+    study.optimize(objective, n_trials=1)
+    jump = study.trials[5]
+    assert jump.params == {STEPS: 10, TOPK: 1}
+    assert jump.user_attrs[DECISION_ATTR] == {"by": "plateau",
+                                              "why": jump.user_attrs[JUMP_REASON_ATTR]}
+    assert jump.user_attrs[JUMP_REASON_ATTR].startswith("plateau at C=1 on ")
+    assert events(study)[0]["outcome"] == "escaped"
+
+
+@pytest.mark.parametrize("experiment, per_level", [("sim-schedule", True),
+                                                   ("sim-default", False)])
+def test_the_search_sets_per_level_for_a_schedule_objective(experiment: str,
+                                                            per_level: bool) -> None:
+    exp = load_experiment(REPO / "experiments" / f"{experiment}.toml")
+    assert (exp.objective.kind == "schedule") is per_level
+    assert make_sampler("plateau", exp, 0).per_level is per_level
+    assert make_sampler("hybrid", exp, 0).plateau.per_level is per_level

@@ -8,6 +8,7 @@ what a reader would see against what the data says.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -164,6 +165,69 @@ def test_plateau_escaped_by_a_jump(tmp_path: Path) -> None:
            "escaped at steps=10 (plateau jump): score +14.4% over steps=5" in v.headline
     assert "+17.0% at C=1; +11.8% at C=16" in v.headline
     assert v.kind == "edge" and "not known whether larger values climb" in v.headline
+
+
+LEVEL_JUMP = ("plateau at C=1 on speculative_num_steps: 4 -> 5 gained +1.8% (noise band "
+              "+-2.5%); jumping to 10")
+
+
+def test_a_probe_of_one_levels_plateau_names_the_level(tmp_path: Path) -> None:
+    # Under a schedule objective the plateau sampler probes a level's own plateau (C=1 flat
+    # 4 -> 5 while the score peaks at 4): the probe is marked with its level in the verdict,
+    # on that level's line (only there) and in the steps table.
+    run = Run(tmp_path)
+    for steps, tok in SEED.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    run.add("t10", {"speculative_num_steps": 10}, PROBE_PEAK, jump=LEVEL_JUMP)
+    data, v = steps_verdict(tmp_path)
+    assert "probe at steps=10 (plateau jump at C=1): -13.4% at C=1; -62.4% at C=16" \
+        in v.headline
+    c1 = next(s for s in v.per_level if s.startswith("C=1:"))
+    assert "plateau at steps=4..5" in c1
+    assert "steps=10 (plateau jump at C=1): -14.9%: the plateau is a peak" in c1
+    c16 = next(s for s in v.per_level if s.startswith("C=16:"))
+    assert "jump" not in c16
+    assert next(s for s in v.steps if s.b == 10).jump_level == 1
+    md = Path(write_report(str(tmp_path)).path).read_text()
+    assert "| 5 -> 10 (jump at C=1) |" in md
+    assert LEVEL_JUMP in md                               # the configurations table
+
+
+def test_a_levels_probe_inside_its_plateau_or_at_its_best_is_still_marked(
+        tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    for steps, tok in SEED.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    # C=1 at 10 is within noise of 5 (inside the plateau), 12 falls: the line names 12 as the
+    # value beyond, and the probe at 10 in a clause of its own.
+    run.add("t10", {"speculative_num_steps": 10}, {1: 280, 16: 600}, jump=LEVEL_JUMP)
+    run.add("t12", {"speculative_num_steps": 12}, {1: 200, 16: 500})
+    _, v = steps_verdict(tmp_path)
+    c1 = next(s for s in v.per_level if s.startswith("C=1:"))
+    assert "plateau at steps=4..10" in c1 and "steps=12: -29.1%: the plateau is a peak" in c1
+    assert c1.endswith("; probe at steps=10 (plateau jump at C=1): -0.7%")
+
+    escaped = tmp_path / "escaped"
+    run = Run(escaped)
+    for steps, tok in ESCAPE.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    run.add("t10", {"speculative_num_steps": 10}, PROBE_ESCAPE, jump=LEVEL_JUMP)
+    _, v = steps_verdict(escaped)
+    assert "escaped at steps=10 (plateau jump at C=1): score +14.4% over steps=5" in v.headline
+    c1 = next(s for s in v.per_level if s.startswith("C=1:"))
+    assert "best at steps=10 (plateau jump at C=1) (330 tok/s)" in c1
+
+
+def test_the_level_is_read_from_the_reason_the_sampler_writes() -> None:
+    from specdecode_tune.report.data import jump_level
+    from specdecode_tune.samplers.plateau.events import reason
+    from specdecode_tune.samplers.plateau.geometry import Plateau
+
+    p = Plateau(axis="speculative_num_steps", direction="up", plateau_from=4, plateau_to=5,
+                gain=0.018, values=(4, 5), jump_to=10, incumbent_value=0.8, level=16)
+    assert jump_level(reason(p, 0.025)) == 16
+    assert jump_level(reason(dataclasses.replace(p, level=None), 0.025)) is None
+    assert jump_level(None) is None
 
 
 def test_difference_inside_the_noise_is_not_a_win(tmp_path: Path) -> None:

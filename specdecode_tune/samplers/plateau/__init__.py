@@ -8,6 +8,8 @@ jump beyond the plateau with every other parameter at the incumbent's values; th
 outcome says whether the plateau is a peak, a shelf with more beyond ("escaped"), or noise.
 
 - `axes`: the watched parameters and their levels;
+- `scales`: what a plateau is judged on: the trials' score, or (per-level mode, for a
+  per-batch-size schedule) each concurrency level's own log-speedup;
 - `geometry`: what a plateau is and where the jump lands;
 - `events`: the record of each jump in the study, and its verdict;
 - `sampler`: when to jump, and the Optuna hooks.

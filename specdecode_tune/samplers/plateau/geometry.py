@@ -17,12 +17,15 @@ mirror this: min(b - 2, b // 2).
 A plateau is identified by its height (`blocked`): after a jump on an axis direction, the next
 one there needs an incumbent better than that jump's incumbent by more than the noise band.
 
-Scores are oriented (sign * value: higher is better) and compared as differences.
+Scores are oriented (sign * value: higher is better) and compared as differences. What a score
+is comes from the caller: the trial's value by default, or any other value per trial (`value`;
+the sampler's per-level mode passes one concurrency level's log-speedup, `scales.Scale`), so one
+geometry serves both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +48,8 @@ class Plateau:
     gain: float                        # score change of the last step onto the edge
     values: tuple[Any, ...]            # each level's best trial's value (what a reader sees)
     jump_to: Any
+    incumbent_value: float             # the incumbent's value (not oriented) on the scale judged
+    level: int | None = None           # the concurrency level judged; None: the trials' score
 
 
 def find_plateau(
@@ -56,22 +61,27 @@ def find_plateau(
     band: float,
     direction: str,
     min_values: int,
+    value: Callable[[FrozenTrial], float] = value_of,
 ) -> Plateau | None:
+    """The plateau around `incumbent` on `axis` going `direction`, and its jump; None when there
+    is none to probe. `feasible` are the trials that have a `value` (the incumbent among them);
+    `complete` every completed trial, refused ones included (a point measured in any way is not
+    jumped to)."""
     # Best oriented score and its value at each level of the axis.
     best: dict[float, tuple[float, float, int]] = {}
     for t in feasible:
         if axis.name not in t.params:
             continue
-        value = t.params[axis.name]
-        lvl = axis.level(value)
-        cand = (sign * value_of(t), value, t.number)
+        at = t.params[axis.name]
+        lvl = axis.level(at)
+        cand = (sign * value(t), at, t.number)
         cur = best.get(lvl)
         if cur is None or cand[0] > cur[0] or (cand[0] == cur[0] and cand[2] < cur[2]):
             best[lvl] = cand
     levels = sorted(best)
     if len(levels) < min_values:
         return None
-    inc_score = sign * value_of(incumbent)
+    inc_score = sign * value(incumbent)
     i_inc = levels.index(axis.level(incumbent.params[axis.name]))
 
     def flat(i: int) -> bool:
@@ -108,6 +118,7 @@ def find_plateau(
         gain=gain,
         values=tuple(best[lvl][1] for lvl in levels[lo : hi + 1]),
         jump_to=target,
+        incumbent_value=value(incumbent),
     )
 
 
@@ -140,9 +151,11 @@ def jump_target(
 
 def blocked(
     axis: str, direction: str, inc_score: float, sign: float, band: float,
-    events: Sequence[dict[str, Any]],
+    events: Sequence[dict[str, Any]], level: int | None = None,
 ) -> bool:
-    """Whether an earlier jump on this axis direction already answered for this plateau.
+    """Whether an earlier jump on this axis direction, judged on the same scale (`level`: one
+    concurrency level's score, None: the trials' score, as in events without a level), already
+    answered for this plateau.
 
     A plateau is identified by its height, not by which of its values happen to be explored
     (a level sampled only with poor other parameters can split one plateau in two): a later
@@ -152,6 +165,7 @@ def blocked(
     return any(
         e["axis"] == axis
         and e["direction"] == direction
+        and e.get("level") == level
         and inc_score - sign * e["incumbent_value"] <= band
         for e in events
     )

@@ -7,13 +7,28 @@ far value, every other parameter at the incumbent's values) and an event in the 
 a second jump decided while the first runs would be decided without the first one's answer);
 enqueued trials are never jumps; an answered plateau is not probed again from the same height.
 
+Per-level mode (`per_level=True`, set by the search for `[objective] kind = "schedule"`): a
+schedule runs each concurrency level's best config, so the plateaus looked for are each level's
+own (`scales`: that level's log-speedup over the baseline, around that level's incumbent), the
+levels in ascending concurrency, then the score's as in scalar mode. Low levels first: that is
+where a schedule's gain lies (a long draft pays at batch 1 and costs at large batches, where
+the verify step is shared), and where the score, a mean over the levels, can hide a curve that
+still climbs behind one that falls. The score last, so that per-level mode asks every question
+scalar mode asks (the static config the report sets the schedule against is the score's best).
+The jump itself is the same (`geometry`); its event names the level, and `blocked` holds per
+axis, direction and level. A level probe aimed at a value some trial measured already is not
+made (that trial answers it), so levels whose plateaus end at the same place share one probe.
+One probe at a time, whatever its level.
+
 The noise band measured by the search (`study.user_attrs["noise_band"]`) takes precedence over
-the constructor's. A jump whose trial finished without this instance's `after_trial` (told
-through another sampler instance before a resume) is resolved before the next decision.
+the constructor's. It is the score's; per-level mode uses it at every level (the search
+measures no band per level). A jump whose trial finished without this instance's `after_trial`
+(told through another sampler instance before a resume) is resolved before the next decision.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,19 +38,13 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from ..history import (
-    distributions,
-    incumbent,
-    is_feasible,
-    orientation,
-    union_spec,
-    value_of,
-)
+from ..history import distributions, union_spec
 from ..observations import NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from . import events as ev
 from .axes import Axis
 from .geometry import Plateau, beyond, blocked, find_plateau
+from .scales import Scale, baseline_tok_s, level_scales, score_scale
 
 DIRECTIONS = ("up", "down")
 
@@ -54,6 +63,8 @@ class PlateauEscapeSampler(PlannedSampler):
         probe_downward: also jump below a plateau at the bottom of an axis (mirror rule).
         seed: seeds the default base sampler. Unused when `base_sampler` is given (seed that
             one yourself): the plateau logic has no randomness of its own.
+        per_level: also look for plateaus on each concurrency level's own score, lowest level
+            first, then the score's (`[objective] kind = "schedule"`; see the module docstring).
     """
 
     plan_key = "plateau_escape:plan"   # trial system attr: the jump (see `_start_jump`)
@@ -67,6 +78,7 @@ class PlateauEscapeSampler(PlannedSampler):
         min_values_before_jump: int = 3,
         probe_downward: bool = False,
         seed: int | None = None,
+        per_level: bool = False,
     ) -> None:
         super().__init__(base_sampler, seed)
         check_band(noise_band, "noise_band")
@@ -85,6 +97,12 @@ class PlateauEscapeSampler(PlannedSampler):
         self._noise_band = float(noise_band)
         self._min_values = min_values_before_jump
         self._directions = DIRECTIONS if probe_downward else ("up",)
+        self._per_level = bool(per_level)
+
+    @property
+    def per_level(self) -> bool:
+        # A sampler pickled before per-level mode existed has no such attribute: scalar.
+        return bool(self.__dict__.get("_per_level", False))
 
     # ------------------------------------------------------------------ deciding a jump
 
@@ -128,24 +146,53 @@ class PlateauEscapeSampler(PlannedSampler):
         events: list[dict[str, Any]],
         band: float,
     ) -> tuple[Plateau | None, FrozenTrial | None]:
-        sign = orientation(study)
-        inc = incumbent(study, trials)
-        if inc is None:
-            return None, None
-        feasible = [t for t in trials if is_feasible(t)]
+        """The first plateau to probe and the incumbent it was found around (that level's, for
+        a plateau on a level: `Plateau.level`); (None, None) when there is none."""
         complete = [t for t in trials if t.state == TrialState.COMPLETE]
-        for axis in self._axes(trials):
+        axes: list[Axis] | None = None
+        for scale in self._scales(study, trials):
+            inc = scale.incumbent(trials)
+            if inc is None:
+                continue
+            if axes is None:
+                axes = self._axes(trials)
+            plateau = self._find_on(scale, axes, inc, trials, complete, events, band)
+            if plateau is not None:
+                return plateau, inc
+        return None, None
+
+    def _scales(self, study: Study, trials: Sequence[FrozenTrial]) -> list[Scale]:
+        """What plateaus are looked for on, in order: each level's score, lowest first, in
+        per-level mode; then the trials' score."""
+        score = score_scale(study, trials)
+        return [*level_scales(study, trials), score] if self.per_level else [score]
+
+    def _find_on(
+        self,
+        scale: Scale,
+        axes: Sequence[Axis],
+        inc: FrozenTrial,
+        trials: Sequence[FrozenTrial],
+        complete: Sequence[FrozenTrial],
+        events: list[dict[str, Any]],
+        band: float,
+    ) -> Plateau | None:
+        feasible = scale.feasible(trials)
+        inc_score = scale.sign * scale.value(inc)
+        for axis in axes:
             if axis.name not in inc.params:
                 continue
             for direction in self._directions:
-                if blocked(axis.name, direction, sign * value_of(inc), sign, band, events):
+                if blocked(axis.name, direction, inc_score, scale.sign, band, events,
+                           level=scale.level):
                     continue
                 plateau = find_plateau(
-                    axis, feasible, complete, inc, sign, band, direction, self._min_values
+                    axis, feasible, complete, inc, scale.sign, band, direction,
+                    self._min_values, value=scale.value,
                 )
                 if plateau is not None:
-                    return plateau, inc
-        return None, None
+                    return dataclasses.replace(plateau, level=scale.level)
+        return None
 
     def _start_jump(
         self,
@@ -156,7 +203,8 @@ class PlateauEscapeSampler(PlannedSampler):
         band: float,
         events: list[dict[str, Any]],
     ) -> None:
-        event = ev.new_event(study, trial, plateau, inc, band)
+        baseline = None if plateau.level is None else baseline_tok_s(study, plateau.level)
+        event = ev.new_event(study, trial, plateau, inc, band, baseline)
         self.store_plan(study, trial, {
             "axis": plateau.axis,
             "direction": plateau.direction,
