@@ -228,6 +228,28 @@ def _as_format_1(table: Path, per_pos: list[int], accept: float) -> None:
     pq.write_table(out, table)
 
 
+def test_tied_points_are_those_the_recording_cannot_rank_below_the_optimum(
+        land_mod: ModuleType, table: Path) -> None:
+    import dataclasses
+
+    land = land_mod.load_landscape(table)
+    # (2, 1) is within 2%; (3, 1) trails by 11.8% with a standard error of the difference of
+    # about 4.3%; (1, 1) by 29%: the recording ranks those two below the optimum.
+    assert land_mod.tied(land) == {(1, 2), (2, 1)}
+    # A point 5% behind whose repeats spread by +-30% cannot be ranked below it.
+    Boot = land_mod.Boot
+    wide = tuple(Boot(i, "ok", "", {1: v, 4: 2 * v}, (), {}) for i, v in
+                 enumerate([100.0, 155.0, 205.0]))
+    scores = dict(land.scores)
+    scores[(1, 1)] = land_mod.score({1: 153.3, 4: 306.6}, land.base_mean,
+                                    land.exp.level_weights())
+    noisy = dataclasses.replace(land, points={**land.points, (1, 1): wide}, scores=scores)
+    assert (1, 1) in land_mod.tied(noisy)
+    land_mod.landscape_of.cache_clear()
+    strict, near = land_mod.both_hits(str(table), "grid", 0, 99)
+    assert strict is not None and near is not None and near <= strict
+
+
 def test_format_1_histograms_of_counter_engines_replay_in_sglangs_form(
         land_mod: ModuleType, table: Path) -> None:
     """vLLM's and llama.cpp's tables of format 1 hold per-position accepted counts; a search
