@@ -277,19 +277,27 @@ def schedule(data: RunData) -> Schedule:
 
 def schedule_slots(chain: tuple[Entry, ...], limit: int | None
                    ) -> tuple[list[tuple[int, int]], str]:
-    """(slots, a note where levels merged): each level's steps start at its running batch,
-    min(C, the schedule server's running limit), since the engines route by the batch the
-    server runs, not by the clients' concurrency; the first slot starts at 1. Levels whose
-    running batch is the same share one slot: the higher level's steps, said in the note."""
+    """(slots, a note where levels merged). The engines route by the batch the server runs, not
+    by the clients' concurrency: a level's running batch is min(C, the schedule server's
+    running limit). A batch between two measured levels' batches takes the steps of the one
+    nearer in log scale (ceil(sqrt(lower * upper)) starts the upper slot; the first slot
+    starts at 1): a closed-loop level at C runs batches a little below C most of the time (a
+    finished request's replacement in prefill), and a slot keyed at C itself sent those to the
+    level below (a schedule keyed 1/4/16/64 ran C=16's dips to 14 with C=4's deeper steps:
+    -3.4% at C=16 in the simulator, 2026-12-04). Levels whose running batch is the same share
+    one slot: the higher level's steps, said in the note."""
     slots: list[tuple[int, int]] = []
     merged: list[str] = []
+    prev = 0
     for e in chain:
-        start = 1 if not slots else (min(e.c, limit) if limit else e.c)
-        if slots and start <= slots[-1][0]:
+        batch = min(e.c, limit) if limit else e.c
+        if slots and batch <= prev:
             merged.append(f"C={e.c}")
             slots[-1] = (slots[-1][0], e.steps)
             continue
+        start = 1 if not slots else max(prev + 1, math.ceil(math.sqrt(prev * batch) - 1e-9))
         slots.append((start, e.steps))
+        prev = batch
     note = (f"{', '.join(merged)} run(s) the same batch as the level below "
             f"(the running limit {limit}): one slot, the higher level's steps."
             if merged else "")

@@ -391,12 +391,13 @@ def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     assert [(e.c, e.steps, e.tok_s) for e in s.chain] == [(1, 5, 300), (16, 4, 1596)]
     assert not any(e.within_noise or e.kept_static for e in s.chain)
     # Keys are running batches: the schedule server has steps 5's KV pool, whose running limit
-    # (11) is what C=16 runs, so its slot starts at 11, not 16.
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
-    assert s.trtllm == {1: 5, 10: 5, 11: 4}
+    # (11) is what C=16 runs; a batch between 1 and 11 takes the steps of the nearer level in
+    # log scale, so C=16's slot starts at ceil(sqrt(1 * 11)) = 4 (its dips below 11 stay in it).
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
+    assert s.trtllm == {1: 5, 3: 5, 11: 4}
     assert s.vllm == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
                       "num_speculative_tokens": 5,
-                      "num_speculative_tokens_per_batch_size": [[1, 10, 5], [11, 11, 4]]}
+                      "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 4, 4]]}
     assert s.sglang_command is not None
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
            "--speculative-num-draft-tokens 6" in s.sglang_command
@@ -425,7 +426,7 @@ def test_schedule_command_only_for_a_release_that_takes_it(tmp_path: Path, versi
         (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
             "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1))
     s = schedule(read_run(str(tmp_path)))
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
+    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
     assert s.sglang_command is None
     note = next(n for n in s.notes if n.startswith("No SGLang schedule command"))
     assert words in note and "needs SGLang >= 0.5.13" in note
@@ -439,7 +440,7 @@ def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) ->
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps, e.within_noise) for e in s.entries] == [(1, 5, True), (16, 4, False)]
     assert [(e.c, e.steps, e.kept_static) for e in s.chain] == [(1, 4, True), (16, 4, False)]
-    assert s.sglang == {"1": {"candidate_steps": [4]}, "14": {"candidate_steps": [4]}}
+    assert s.sglang == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [4]}}
     assert any("only within noise" in n for n in s.notes)
     assert any("equals the static config" in n for n in s.notes)
 
@@ -450,8 +451,8 @@ def test_schedule_keeps_no_speculation_where_the_baseline_wins(tmp_path: Path) -
     run.add("b", {"speculative_num_steps": 2}, {1: 186, 16: 990})
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps) for e in s.chain] == [(1, 3), (16, 0)]
-    assert s.sglang == {"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0]}}
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 3], [16, 16, 0]]
+    assert s.sglang == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}
+    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
 
 
 def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
@@ -469,11 +470,11 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     assert '"num_speculative_tokens":3' in rec.command
     s = schedule(data)
     assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 10, 5], [11, 11, 3]]
+    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
     # The vLLM backend's own command (its flags as the static launch command has them).
     assert s.vllm_command is not None and "--gpu-memory-utilization 0.9" in s.vllm_command
     assert '"num_speculative_tokens":5' in s.vllm_command
-    assert '"num_speculative_tokens_per_batch_size":[[1,10,5],[11,11,3]]' in s.vllm_command
+    assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in s.vllm_command
     assert s.sglang_command is None      # not an SGLang experiment: the JSON only
 
 

@@ -90,3 +90,27 @@ def test_trtllm_cannot_express_a_schedule_that_drafts_more_above_batch_one() -> 
 def test_a_schedule_must_start_at_one() -> None:
     with pytest.raises(ValueError, match="starts at batch size 1"):
         formats.sglang_config([(4, 3)])
+
+
+def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
+    """A closed-loop level at C runs batches a little below C most of the time (a finished
+    request's replacement still in prefill). Slots keyed at the levels themselves sent those
+    dips to the level below (C=16's batches of 14 ran C=4's steps); a batch between two levels
+    takes the steps of the nearer one in log scale."""
+    from types import SimpleNamespace
+
+    from specdecode_tune.report.recommend import schedule_slots
+
+    def chain(*steps_at: tuple[int, int]) -> tuple:
+        return tuple(SimpleNamespace(c=c, steps=s) for c, s in steps_at)
+
+    slots, note = schedule_slots(chain((1, 12), (4, 8), (16, 5), (64, 4)), None)
+    assert slots == [(1, 12), (2, 8), (8, 5), (32, 4)] and note == ""
+    conf = formats.sglang_config(slots)
+    keys = sorted(int(k) for k in conf)
+    for batch, steps in ((1, 12), (3, 8), (4, 8), (14, 5), (15, 5), (16, 5), (40, 4), (64, 4)):
+        key = keys[bisect.bisect_right(keys, batch) - 1]      # SGLang: the largest key <= batch
+        assert conf[str(key)]["candidate_steps"] == [steps], batch
+    # Running batches, not concurrency: with a running limit of 11, C=16 and C=64 both run 11.
+    slots, note = schedule_slots(chain((1, 12), (4, 8), (16, 5), (64, 4)), 11)
+    assert slots == [(1, 12), (2, 8), (7, 4)] and "C=64" in note

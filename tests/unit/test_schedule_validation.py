@@ -119,7 +119,7 @@ def test_the_validation_boots_the_emitted_file_and_the_same_steps_mode(tmp_path:
     assert params["speculative_adaptive"] is True and params["speculative_num_steps"] == 5
     assert params["speculative_num_draft_tokens"] == 6 and params["speculative_eagle_topk"] == 1
     with open(params["speculative_adaptive_config"]) as f:
-        assert json.load(f) == {"1": {"candidate_steps": [5]}, "11": {"candidate_steps": [4]}}
+        assert json.load(f) == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
     with open(trials[1][1]["speculative_adaptive_config"]) as f:
         assert json.load(f) == {"1": {"candidate_steps": [4]}}
     # A release without the per-batch-size format: no boot, and which release it needs.
