@@ -400,7 +400,7 @@ def describe(land: Landscape) -> list[str]:
     """The landscape in a few lines: what was recorded, the best point, how flat it is."""
     meta = land.meta
     sessions = meta.get("sessions", [])
-    wall = sum(float(s.get("wall_s", 0.0)) for s in sessions)
+    wall = sum(float(s.get("wall_s", 0.0)) for s in sessions if "dropped" not in s)
     boots = len(land.baseline) + sum(len(v) for v in land.points.values())
     engine = next((s.get("engine_version") for s in sessions if s.get("engine_version")), "")
     model = next((s.get("model", {}).get("name") for s in sessions if s.get("model")), "")

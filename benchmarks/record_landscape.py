@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import random
@@ -316,6 +317,7 @@ def record(args: argparse.Namespace) -> int:
                "machine": machine_facts(), "boots": 0, "wall_s": 0.0}
     meta["sessions"].append(session)
     done = done_keys(rows)
+    n_before = len(rows)
     todo = [(p, r) for p, r in schedule(points, args.repeats) if (point_id(p), r) not in done]
     print(f"record_landscape: {len(points)} points x {args.repeats} repeats at C="
           f"{','.join(map(str, levels))}; {len(done)} boots already recorded, {len(todo)} to "
@@ -350,12 +352,47 @@ def record(args: argparse.Namespace) -> int:
     session["ended_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if stopped:
         session["stopped"] = stopped
+    ratio, pairs = drift(rows[:n_before], rows[n_before:])
+    if ratio is not None:
+        session["drift"] = {"ratio": round(ratio, 4), "pairs": pairs}
+        if abs(math.log(ratio)) > math.log(DRIFT_LIMIT):
+            print(f"record_landscape: WARNING: this session measured the points the table had "
+                  f"already {ratio:.2f}x the earlier sessions' tok/s (median over {pairs} "
+                  f"point-levels): a table that mixes machines or loads ranks its points by "
+                  f"which session booted them; record into another --out, or drop one "
+                  f"session's rows", file=sys.stderr, flush=True)
     write_table(out, rows, sch, meta)
     left = len(todo) - session["boots"]
     print(f"record_landscape: {session['boots']} boots in {session['wall_s']:.0f}s; "
           f"{len(done_keys(rows))} recorded in all" + (f"; {left} left ({stopped})" if left
                                                        else ""), flush=True)
     return 0
+
+
+DRIFT_LIMIT = 1.10     # a session off the earlier ones by more than this is warned about
+
+
+def drift(before: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+          ) -> tuple[float | None, int]:
+    """(median over the (point, level)s both measured of this session's mean tok/s over the
+    earlier sessions', how many), or (None, 0) where they share none. Two sessions on different
+    machines, or one on a machine another job loaded, measure the same point differently; the
+    replay takes a point's repeats as one machine's spread."""
+    def means(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
+        acc: dict[tuple[str, int], list[float]] = {}
+        for r in rows:
+            if r.get("output_tok_s"):
+                acc.setdefault((r["point"], int(r["concurrency"])), []).append(
+                    float(r["output_tok_s"]))
+        return {k: sum(v) / len(v) for k, v in acc.items()}
+
+    old, now = means(before), means(new)
+    ratios = sorted(now[k] / old[k] for k in now.keys() & old.keys() if old[k] > 0)
+    if not ratios:
+        return None, 0
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return median, len(ratios)
 
 
 def _stop_time(text: str | None) -> float | None:

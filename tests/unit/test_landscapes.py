@@ -210,6 +210,35 @@ def test_a_later_session_adds_repeats_though_the_search_settings_changed(
     assert "another experiment" in capsys.readouterr().err
 
 
+def test_a_session_that_measures_the_same_points_otherwise_is_warned_about(
+        rec: ModuleType, table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A later session on another machine (one measured the llama.cpp CPU grid 1.9x faster
+    than the machine of the first) must not pass as more repeats of the same landscape."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    def faster(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
+        r = result_for(sampled, ctx.repeat % 3)
+        return dataclasses.replace(r, levels=tuple(
+            dataclasses.replace(lv, output_tok_s=2 * lv.output_tok_s) for lv in r.levels))
+
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    monkeypatch.setattr(rec, "run_trial", faster)
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
+                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
+                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    err = capsys.readouterr().err
+    meta = json.loads(pq.read_table(table).schema.metadata[b"landscape"])
+    drift = meta["sessions"][-1]["drift"]
+    # twice repeat 0's figures against the mean of repeats 0-2: about 2x, per point-level
+    assert drift["pairs"] == 12 and drift["ratio"] == pytest.approx(2.0, rel=0.05)
+    assert f"{drift['ratio']:.2f}x the earlier sessions' tok/s" in err
+    assert "drift" not in meta["sessions"][0]       # the first session has nothing to match
+
+
 def _as_format_1(table: Path, per_pos: list[int], accept: float) -> None:
     """Rewrite a table as a format-1 recording of a counter engine wrote it: per-position
     accepted counts in every level's histogram."""
