@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,10 @@ SAFE_P = 0.5
 # The anchor's draft depth: deep enough to measure acceptance at a few positions, shallow
 # enough to need little memory (`ModelGuidedSampler._anchor`).
 ANCHOR_STEPS = 3
+# Discrete parameters the model has no term for are contexts, one fit per combination of their
+# values, up to these sizes (beyond them they follow the incumbent).
+MAX_CONTEXT_VALUES = 8
+MAX_CONTEXTS = 12
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -150,60 +155,78 @@ class ModelGuidedSampler(PlannedSampler):
                 if anchored is not None:
                     return anchored
             return _base(state), None
-        fit, cands, obs = state
-        if self.__dict__.get("_pessimistic"):
-            liars = self._running_as_refused(trials, number, obs)
-            if liars:
-                fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
         limit = self.fit_limit(study)
-        if fit.rms > limit:
-            return _base(f"poor fit: in-sample error {fit.rms:.1%} of tok/s > {limit:.1%}",
-                         fit), None
-        taken = set()
-        for t in trials:
-            if t.number == number or not t.params:
+        contexts = self._contexts(trials)
+        options: list[tuple[dict[str, Any], Fit, Candidates, list[TrialObs], np.ndarray,
+                            dict[int, np.ndarray], np.ndarray]] = []
+        poor: list[str] = []
+        for ctx in contexts:
+            fit, cands, obs = state if not ctx else self._fitted_in(study, trials, ctx, state)
+            if self.__dict__.get("_pessimistic"):
+                liars = self._running_as_refused(trials, number, obs)
+                if liars:
+                    fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
+            if fit.rms > limit:
+                poor.append(f"{_ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
+                            f"{limit:.1%}")
                 continue
-            taken.add(self._key_of(t.params))
-        for o in obs:
-            taken.add(o.key)
-        free = np.array([k not in taken for k in cands.keys])
-        if not free.any():
-            return _base("every configuration the model can name was measured", fit), None
-        rng = np.random.default_rng([self._seed, number])
-        levels, ok_draws = level_draws(fit, cands, rng, self._draws)
-        scores = score_of(fit, levels, ok_draws)
-        feasible = np.isfinite(scores)
+            taken = {o.key for o in obs}
+            for t in trials:
+                if t.number != number and t.params and _in_context(t.params, ctx):
+                    taken.add(self._key_of(t.params))
+            free = np.array([k not in taken for k in cands.keys])
+            if not free.any():
+                continue
+            rng = np.random.default_rng([self._seed, number, len(options)])
+            levels, ok_draws = level_draws(fit, cands, rng, self._draws)
+            scores = score_of(fit, levels, ok_draws)
+            options.append((ctx, fit, cands, obs, free, levels, scores))
+        if not options:
+            if poor and len(poor) == len(contexts):
+                fit = state[0]
+                return _base("poor fit: " + "; ".join(poor), fit), None
+            return _base("every configuration the model can name was measured", state[0]), None
         best_trial = incumbent(study, trials)
-        best_score = _reference(scores, feasible, cands, obs)
-        if best_score is None:
-            best_score = value_of(best_trial) if best_trial is not None else (
-                float(np.max(np.where(feasible, scores, -np.inf).mean(0)))
-                if feasible.any() else 0.0)
-        gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
-        ei = gain.mean(axis=0)
-        level_note = ""
-        if self._per_level:
-            ei, level_note = _level_ei(levels, feasible, obs, fit.base)
-        # Infeasible draws count as a very bad score in the tie-break, not as no information.
-        mean = np.where(feasible, scores, -10.0).mean(axis=0)
-        if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
-            # A refusal measured the boundary once: from here on, points the server more
-            # likely refuses than boots are not proposed (while others remain).
-            likely = feasible.mean(axis=0) >= SAFE_P
-            if (free & likely).any():
-                free = free & likely
-        order = np.lexsort((-mean, -ei))          # EI first, then the mean score
-        order = order[free[order]]
-        best = int(order[0])
+        # The reference: the best of the model's means of measured configurations, over every
+        # context's own fit.
+        refs = [r for _, _, cands, obs, _, _, scores in options
+                if (r := _reference(scores, np.isfinite(scores), cands, obs)) is not None]
+        best_score = max(refs) if refs else (
+            value_of(best_trial) if best_trial is not None else 0.0)
+        picks = []
+        for ctx, fit, cands, obs, free, levels, scores in options:
+            feasible = np.isfinite(scores)
+            gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
+            ei = gain.mean(axis=0)
+            level_note = ""
+            if self._per_level:
+                ei, level_note = _level_ei(levels, feasible, obs, fit.base)
+            # Infeasible draws count as a very bad score in the tie-break, not as no
+            # information.
+            mean = np.where(feasible, scores, -10.0).mean(axis=0)
+            if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
+                # A refusal measured the boundary once: from here on, points the server more
+                # likely refuses than boots are not proposed (while others remain).
+                likely = feasible.mean(axis=0) >= SAFE_P
+                if (free & likely).any():
+                    free = free & likely
+            order = np.lexsort((-mean, -ei))          # EI first, then the mean score
+            order = order[free[order]]
+            i = int(order[0])
+            picks.append((float(ei[i]), float(mean[i]), i, ctx, fit, cands, scores, level_note))
+        ei_best, _, best, ctx, fit, cands, scores, level_note = max(
+            picks, key=lambda p: (p[0], p[1]))
         plan = dict(cands.sampled[best])
+        plan.update(ctx)
         plan.update(_others(None if best_trial is None else dict(best_trial.params),
                             known=set(plan)))
-        ok = feasible[:, best]
+        ok = np.isfinite(scores[:, best])
         decision = {
             "by": "model",
-            "why": (f"expected improvement {ei[best]:+.4f} of {level_note}" if level_note
-                    else f"expected improvement {ei[best]:+.4f} over {best_score:+.4f}"),
-            "ei": float(ei[best]),
+            "why": _ctx_text(ctx) + (
+                f"expected improvement {ei_best:+.4f} of {level_note}" if level_note
+                else f"expected improvement {ei_best:+.4f} over {best_score:+.4f}"),
+            "ei": ei_best,
             "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -212,6 +235,42 @@ class ModelGuidedSampler(PlannedSampler):
             "accept_measured_to": fit.accept.measured_depth,
         }
         return decision, plan
+
+    def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
+        """The contexts the model is fitted in, one per combination of the values of the
+        discrete parameters it does not know (llama.cpp's n-gram size, say: acceptance and
+        step time depend on it in ways the model has no term for); [{}] where there are none,
+        or too many combinations (then those parameters follow the incumbent)."""
+        specs = [sp for sp in self._specs(trials)
+                 if sp.name not in (STEPS, TOPK, DRAFT, MEM)
+                 and (sp.type == "categorical" or (sp.type == "int" and not sp.log))]
+        axes = []
+        for sp in specs:
+            values = list(sp.values())
+            if len(values) > MAX_CONTEXT_VALUES:
+                return [{}]
+            axes.append((sp.name, values))
+        combos = [dict(zip([n for n, _ in axes], vals, strict=True))
+                  for vals in product(*(v for _, v in axes))]
+        return combos if axes and len(combos) <= MAX_CONTEXTS else [{}]
+
+    def _fitted_in(self, study: Study, trials: Sequence[FrozenTrial], ctx: Mapping[str, Any],
+                   pooled: tuple[Fit, Candidates, list[TrialObs]]
+                   ) -> tuple[Fit, Candidates, list[TrialObs]]:
+        """The model fitted to the finished trials of one context (their observations); the
+        pooled fit, with no observation of its own, where the context has no feasible
+        speculative boot yet: what the other contexts measured is the best guess there."""
+        fit, cands, _ = pooled
+        obs = []
+        for t in trials:
+            if not t.state.is_finished() or not _in_context(t.params, ctx):
+                continue
+            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
+            if o is not None:
+                obs.append(o)
+        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
+        own = fit_model(obs, base, cands, int(cands.steps.max())) if base is not None else None
+        return (own, cands, obs) if own is not None else (fit, cands, obs)
 
     def _anchor(self, trials: Sequence[FrozenTrial], number: int, why: str
                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -324,10 +383,12 @@ class ModelGuidedSampler(PlannedSampler):
         it is booted): tok/s per level and acceptance length of the mean model, the mean score
         and the share of posterior draws in which the server accepts the boot. None where
         there is no fit, or the point is not one the model can name (the baseline, say)."""
-        state = self.fitted(study)
+        trials = study.get_trials(deepcopy=False)
+        state = self.fitted(study, trials)
         if isinstance(state, str):
             return None
-        fit, cands, _ = state
+        ctx = next((c for c in self._contexts(trials) if c and _in_context(sampled, c)), None)
+        fit, cands, _ = state if ctx is None else self._fitted_in(study, trials, ctx, state)
         key = self._key_of(sampled)
         try:
             i = cands.keys.index(key)
@@ -415,6 +476,14 @@ def _reference(scores: np.ndarray, feasible: np.ndarray, cands: Candidates,
     counts = ok.sum(axis=0)
     means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
     return float(np.max(means))
+
+
+def _in_context(params: Mapping[str, Any], ctx: Mapping[str, Any]) -> bool:
+    return all(params.get(k) == v for k, v in ctx.items())
+
+
+def _ctx_text(ctx: Mapping[str, Any]) -> str:
+    return ("at " + ", ".join(f"{k}={v}" for k, v in ctx.items()) + ": ") if ctx else ""
 
 
 def _one(cands: Candidates, i: int) -> Candidates:
