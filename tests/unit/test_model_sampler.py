@@ -633,6 +633,20 @@ def test_before_any_speculative_boot_runs_anchors_bisect_the_memory_fraction() -
     assert study.trials[-1].user_attrs[DECISION_ATTR].get("anchor") is None   # the model now
 
 
+def test_without_a_memory_axis_the_anchor_is_the_middle_of_the_steps_range() -> None:
+    """Where no memory fraction is searched (llama.cpp, vLLM n-gram) depth does not decide
+    whether a point boots: the first boot measures acceptance at the centre of the range."""
+    space = (ParamSpec(STEPS, "int", low=0, high=24),)
+    server = Server()
+    study = new_study(ModelGuidedSampler(optuna.samplers.TPESampler(seed=0), space=space,
+                                         fixed={MEM: 0.9}, seed=0, min_trials=1,
+                                         cold_start=True), server)
+    trial = study.ask()
+    DefineByRun(space, {MEM: 0.9})(trial)
+    assert study.trials[-1].user_attrs[DECISION_ATTR]["anchor"]
+    assert study.trials[-1].params[STEPS] == 13   # speculative steps 1..24: 12.5, the deeper
+
+
 def test_a_running_point_below_a_boot_that_ran_does_not_erase_the_memory_boundary() -> None:
     """A concurrent proposal counts running points as refused; one that no boundary line can
     join with the measurements (it would have to run out of memory below a point that ran)

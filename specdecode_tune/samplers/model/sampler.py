@@ -278,7 +278,8 @@ class ModelGuidedSampler(PlannedSampler):
         is often refused (on a server short of memory most of the space does not boot): the
         first points are anchors instead, the configuration most likely to boot that still
         measures acceptance a few positions deep. topk 1 (the chain: fewest draft tokens),
-        the steps nearest `ANCHOR_STEPS`, and the middle of the memory fractions no refusal
+        the steps nearest `ANCHOR_STEPS` (the centre of the steps range where no memory
+        fraction is searched), and the middle of the memory fractions no refusal
         has ruled out: an out-of-memory refusal at (mem, n) rules out every mem >= it for
         n or more draft tokens, a KV-pool refusal every mem <= it (a bisection on memory).
         Points measured or running are skipped. None where no candidate is left (the base
@@ -309,7 +310,12 @@ class ModelGuidedSampler(PlannedSampler):
         if not ok.any():
             return None
         steps = cands.steps[ok]
-        target = steps[np.argmin(np.abs(steps - ANCHOR_STEPS) + 0.1 * (steps < ANCHOR_STEPS))]
+        # With a memory fraction searched, memory is what refuses boots: the shallow chain.
+        # Without one (llama.cpp, vLLM's n-gram spaces) a point's depth does not decide
+        # whether it boots, and the centre of the steps range measures acceptance deeper.
+        want = ANCHOR_STEPS if len(np.unique(cands.mem)) > 1 else \
+            float(np.median(np.unique(steps)))
+        target = steps[np.argmin(np.abs(steps - want) + 0.1 * (steps < want))]
         ok &= cands.steps == target
         idx = np.nonzero(ok)[0]
         mems = np.sort(np.unique(cands.mem[idx]))
