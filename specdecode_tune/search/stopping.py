@@ -27,7 +27,10 @@ it. Two rules, asked by `RepeatingSearcher` (`search.searcher`) before each boot
   points that boot in fewer than `after_refusal` (70%) of the draws are skipped too, so the
   next boots stay on the boundary's safe side (70%, not even odds: on the noisy benchmark
   profile, whose optimum sits beside the out-of-memory edge, a gate at half let 3-4 boots a
-  search be refused; at 70% 2, with the same picks: `benchmarks/whole_search.py`).
+  search be refused; at 70% 1-2 (2 in 6 of 10 seeds), the picks at 94-100% of the optimum;
+  at 80% 1 in 9 of 10 seeds and at 90% 1 in all, but the picks fell to 90-97% and 83-93%:
+  the edge is where the optimum is, and it is found only by probing it. Measured 2026-12-04
+  with `benchmarks/whole_search.py`, 10 seeds).
 
 Both read the sampler's `outlook` / `predict` (`samplers.HybridSampler`, the default) and do
 nothing for samplers without them: the other samplers run to `max_trials` and boot what they
