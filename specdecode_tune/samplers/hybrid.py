@@ -21,7 +21,8 @@ Before each fresh trial, in this order:
    searches it as a black box. Before any speculative boot has run (nothing to fit) the model
    proposes anchors, not TPE: the chain three steps deep in the middle of the memory fractions
    no refusal has ruled out (a blind first proposal on a server short of memory was refused
-   six times running on the noisy benchmark profile).
+   six times running on the noisy benchmark profile); where no memory fraction is searched,
+   the chain at the centre of the steps range.
 
 Why this is the default: on the benchmark's simulator profiles and recorded real landscapes
 (`benchmarks/search_efficiency.py`) the model reaches 98% of the optimum in a few boots where
