@@ -502,30 +502,39 @@ def test_inside_ray_tunes_optuna_search_with_the_attrs_set_on_completion() -> No
     assert trials[-1].user_attrs[DECISION_ATTR]["by"] == "model"
 
 
-def test_a_discrete_parameter_the_model_does_not_know_is_a_context() -> None:
-    """llama.cpp's n-gram size, say: acceptance and step time depend on it in ways the model
-    has no term for. One fit per value of it (the pooled fit where a value has no boot yet),
-    EI over every (value, point); here the server is 40% slower at one value, and once each
-    value has been booted the model keeps to the fast one."""
-    extra = ParamSpec("ngram_size", "categorical", choices=(1, 2))
+def _run_with_an_extra_parameter(extra: ParamSpec, n: int,
+                                 slow_value: Any = None) -> optuna.Study:
+    """`n` trials of the model sampler on SPACE plus `extra`, a parameter the simulated server
+    ignores, except that at `slow_value` it runs 40% slower."""
     space = (*SPACE, extra)
     server = Server()
     study = new_study(ModelGuidedSampler(optuna.samplers.TPESampler(seed=1), space=space,
                                          seed=1), server)
     define = DefineByRun(space, {})
     rng = np.random.default_rng(0)
-    for _ in range(9):
+    for _ in range(n):
         trial = study.ask()
         define(trial)
         params = resolve({k: v for k, v in trial.params.items() if k != extra.name}, {})
         value, attr = server.measure(params, rng)
-        if value is not None and trial.params[extra.name] == 2:
+        if value is not None and slow_value is not None \
+                and trial.params[extra.name] == slow_value:
             for lv in attr["levels"].values():
                 lv["output_tok_s"] *= 0.6
             value += math.log(0.6)
         trial.set_user_attr(MEASURED_ATTR, attr)
         trial.set_constraint("feasible", 0.0 if value is not None else 1.0)
         study.tell(trial, value if value is not None else -5.0)
+    return study
+
+
+def test_a_discrete_parameter_the_model_does_not_know_is_a_context() -> None:
+    """llama.cpp's n-gram size, say: acceptance and step time depend on it in ways the model
+    has no term for. One fit per value of it (the pooled fit where a value has no boot yet),
+    EI over every (value, point); here the server is 40% slower at one value, and once each
+    value has been booted the model keeps to the fast one."""
+    extra = ParamSpec("ngram_size", "categorical", choices=(1, 2))
+    study = _run_with_an_extra_parameter(extra, 9, slow_value=2)
     modelled = [t for t in study.trials if t.user_attrs[DECISION_ATTR]["by"] == "model"]
     assert len(modelled) >= 5
     assert all(t.user_attrs[DECISION_ATTR]["why"].startswith(f"at ngram_size="
@@ -538,20 +547,7 @@ def test_a_discrete_parameter_the_model_does_not_know_is_a_context() -> None:
 
 def test_too_many_unknown_values_follow_the_incumbent() -> None:
     extra = ParamSpec("cuda_graph_max_bs", "int", low=1, high=64)
-    space = (*SPACE, extra)
-    server = Server()
-    study = new_study(ModelGuidedSampler(optuna.samplers.TPESampler(seed=1), space=space,
-                                         seed=1), server)
-    define = DefineByRun(space, {})
-    rng = np.random.default_rng(0)
-    for _ in range(6):
-        trial = study.ask()
-        define(trial)
-        params = resolve({k: v for k, v in trial.params.items() if k != extra.name}, {})
-        value, attr = server.measure(params, rng)
-        trial.set_user_attr(MEASURED_ATTR, attr)
-        trial.set_constraint("feasible", 0.0 if value is not None else 1.0)
-        study.tell(trial, value if value is not None else -5.0)
+    study = _run_with_an_extra_parameter(extra, 6)
     last = study.trials[-1]
     assert last.user_attrs[DECISION_ATTR]["by"] == "model"
     incumbent = max((t for t in study.trials[:-1] if t.value > -5), key=lambda t: t.value)
