@@ -639,7 +639,8 @@ def test_without_a_memory_axis_the_anchor_is_the_middle_of_the_steps_range() -> 
                                          cold_start=True), server)
     trial = study.ask()
     DefineByRun(space, {MEM: 0.9})(trial)
-    assert study.trials[-1].user_attrs[DECISION_ATTR]["anchor"]
+    decision = study.trials[-1].user_attrs[DECISION_ATTR]
+    assert decision["anchor"] and decision["why"].endswith("the centre of the steps range)")
     assert study.trials[-1].params[STEPS] == 13   # speculative steps 1..24: 12.5, the deeper
 
 

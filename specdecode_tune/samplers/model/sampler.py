@@ -322,9 +322,10 @@ class ModelGuidedSampler(PlannedSampler):
         mid = mems[(len(mems) - 1) // 2]
         best = int(idx[np.argmin(np.abs(cands.mem[idx] - mid) * 1e3 + cands.draft[idx])])
         plan = dict(cands.sampled[best])
+        where = ("the middle of the memory fractions no refusal ruled out" if len(mems) > 1
+                 or len(np.unique(cands.mem)) > 1 else "the centre of the steps range")
         return {"by": "model", "why": f"anchor: {why}; the configuration most likely to boot "
-                                      f"(topk {cands.topk[best]}, steps {target}, the middle "
-                                      f"of the memory fractions no refusal ruled out)",
+                                      f"(topk {cands.topk[best]}, steps {target}, {where})",
                 "anchor": True}, plan
 
     def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int,
