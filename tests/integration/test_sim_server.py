@@ -475,6 +475,7 @@ def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag() -> Non
         left, waited = drain(lambda: SimBackend().in_flight(base), 5.0)
         drained_in = time.monotonic() - t_cut
         gauges = in_flight(base, ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
+        print(f"drained in {drained_in:.3f} s after the cut; lagging gauges say {gauges}")
         assert left == 0 and drained_in < 2.0, (left, drained_in)
         # The gauges still say what the last stats said: a drain on them would wait ~30 s.
         assert gauges is not None and gauges > 0, gauges
