@@ -34,6 +34,7 @@ import platform
 import random
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -387,12 +388,8 @@ def drift(before: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
     old, now = means(before), means(new)
-    ratios = sorted(now[k] / old[k] for k in now.keys() & old.keys() if old[k] > 0)
-    if not ratios:
-        return None, 0
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    return median, len(ratios)
+    ratios = [now[k] / old[k] for k in now.keys() & old.keys() if old[k] > 0]
+    return (statistics.median(ratios), len(ratios)) if ratios else (None, 0)
 
 
 def _stop_time(text: str | None) -> float | None:
