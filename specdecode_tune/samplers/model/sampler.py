@@ -313,8 +313,8 @@ class ModelGuidedSampler(PlannedSampler):
         # With a memory fraction searched, memory is what refuses boots: the shallow chain.
         # Without one (llama.cpp, vLLM's n-gram spaces) a point's depth does not decide
         # whether it boots, and the centre of the steps range measures acceptance deeper.
-        want = ANCHOR_STEPS if len(np.unique(cands.mem)) > 1 else \
-            float(np.median(np.unique(steps)))
+        mem_axis = len(np.unique(cands.mem)) > 1
+        want = ANCHOR_STEPS if mem_axis else float(np.median(np.unique(steps)))
         target = steps[np.argmin(np.abs(steps - want) + 0.1 * (steps < want))]
         ok &= cands.steps == target
         idx = np.nonzero(ok)[0]
@@ -322,8 +322,8 @@ class ModelGuidedSampler(PlannedSampler):
         mid = mems[(len(mems) - 1) // 2]
         best = int(idx[np.argmin(np.abs(cands.mem[idx] - mid) * 1e3 + cands.draft[idx])])
         plan = dict(cands.sampled[best])
-        where = ("the middle of the memory fractions no refusal ruled out" if len(mems) > 1
-                 or len(np.unique(cands.mem)) > 1 else "the centre of the steps range")
+        where = ("the middle of the memory fractions no refusal ruled out" if mem_axis
+                 else "the centre of the steps range")
         return {"by": "model", "why": f"anchor: {why}; the configuration most likely to boot "
                                       f"(topk {cands.topk[best]}, steps {target}, {where})",
                 "anchor": True}, plan
