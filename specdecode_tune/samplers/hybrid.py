@@ -8,7 +8,9 @@ Before each fresh trial, in this order:
    that level's own score); when it finds one, this trial is its far probe (the jump, with its
    reason and, once it finishes, its outcome recorded on the trial and in the study's
    `plateau_events`, as `PlateauEscapeSampler` records them). One probe at a time, never for an
-   enqueued trial.
+   enqueued trial. A jump that came back no better (within noise, or worse) is followed by
+   its bracket (`plateau/bracket.py`): one boot in the middle of the stretch the jump skipped,
+   where a peak the model cannot express can hide.
 2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft
    position, step time and the KV budget to what the trials measured and proposes the point of
    largest expected improvement, when its fit is good: its error on the measured points
@@ -49,9 +51,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ..space import ParamSpec
 from .model import DECISION_ATTR, ModelGuidedSampler
-from .planned import PlannedSampler, set_trial_user_attr
+from .planned import PlannedSampler, fit_into, set_trial_user_attr
 from .plateau import PlateauEscapeSampler
 from .plateau import events as ev
+from .plateau.bracket import next_bracket
 
 
 class HybridSampler(PlannedSampler):
@@ -111,12 +114,32 @@ class HybridSampler(PlannedSampler):
                                 {"by": "plateau", "why": reason})
             self.store_plan(study, trial, "plateau")
             return
+        if self._bracket(study, trial):
+            return
         self._model.plan_trial(study, trial)
         if self._model.plan_of(study, trial) is not None:
             self.store_plan(study, trial, "model")
 
+    def _bracket(self, study: Study, trial: FrozenTrial) -> bool:
+        """Plans the bracket of a jump that came back no better (`plateau.bracket`), if one
+        is due; whether it did."""
+        events = ev.load_events(study)
+        found = next_bracket(events, study.get_trials(deepcopy=False), trial.number)
+        if found is None:
+            return False
+        event, point, why = found
+        event["bracket_trial"] = trial.number
+        event["bracket_at"] = point[event["axis"]]
+        ev.save_events(study, events)
+        set_trial_user_attr(study, trial, DECISION_ATTR, {"by": "plateau", "why": why})
+        self.store_plan(study, trial, {"bracket": point})
+        return True
+
     def planned_value(self, study: Study, trial: FrozenTrial, plan: Any, name: str,
                       dist: BaseDistribution) -> Any:
+        if isinstance(plan, dict) and isinstance(plan.get("bracket"), dict):
+            point = plan["bracket"]
+            return fit_into(point[name], dist) if name in point else None
         part: PlannedSampler = self._plateau if plan == "plateau" else self._model
         own = part.plan_of(study, trial)
         return None if own is None else part.planned_value(study, trial, own, name, dist)
@@ -149,5 +172,8 @@ class HybridSampler(PlannedSampler):
         if plateau is not None:
             at = "" if plateau.level is None else f" at C={plateau.level}"
             return {"by": "plateau", "why": f"a plateau{at} on {plateau.axis} is not probed yet"}
+        found = next_bracket(events, trials, len(trials))
+        if found is not None:
+            return {"by": "plateau", "why": found[2]}
         decision, _ = self._model.decide(study, len(trials))
         return decision

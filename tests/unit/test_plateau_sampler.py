@@ -861,3 +861,63 @@ def test_the_search_sets_per_level_for_a_schedule_objective(experiment: str,
     assert (exp.objective.kind == "schedule") is per_level
     assert make_sampler("plateau", exp, 0).per_level is per_level
     assert make_sampler("hybrid", exp, 0).plateau.per_level is per_level
+
+
+# ---------------------------------------------------------------------------- the bracket
+
+
+def _flat_after_5(trial: optuna.Trial) -> float:
+    # A plateau from 5 on whose far end (10) measures within noise of it.
+    steps = trial.suggest_int(STEPS, 1, 16)
+    trial.suggest_categorical(TOPK, [1])
+    return seed_steps(min(steps, 5)) + (0.005 if steps > 5 else 0.0)
+
+
+def test_a_jump_that_came_back_no_better_is_bracketed_once_in_the_middle() -> None:
+    study = new_study(HybridSampler(seed=2))
+    sweep(study)
+    study.optimize(_flat_after_5, n_trials=6)       # the sweep, then the jump
+    [event] = steps_events(study)
+    assert (event["plateau_to"], event["jump_to"], event["outcome"]) == (5, 10, "within_noise")
+    # Before it is booted the plateau question is open: the stop rule does not stop.
+    outlook = study.sampler.outlook(study)  # type: ignore[attr-defined]
+    assert outlook["by"] == "plateau" and outlook["why"].startswith("bracket: ")
+    study.optimize(_flat_after_5, n_trials=1)
+    bracket = study.trials[6]
+    assert bracket.params == {STEPS: 7, TOPK: 1}
+    why = bracket.user_attrs[DECISION_ATTR]
+    assert why["by"] == "plateau"
+    assert "speculative_num_steps 6..9 is unmeasured" in why["why"]
+    assert "within noise of the incumbent (+0.5%)" in why["why"]
+    [event] = steps_events(study)
+    assert (event["bracket_trial"], event["bracket_at"]) == (6, 7)
+    # Asked once: later trials are not brackets of the same jump.
+    study.optimize(_flat_after_5, n_trials=4)
+    later = [t.user_attrs.get(DECISION_ATTR, {}).get("why", "") for t in study.trials[7:]]
+    assert not any(w.startswith("bracket: ") for w in later)
+
+
+def test_no_bracket_where_the_stretch_was_measured_or_too_short() -> None:
+    # Steps 7 measured (someone's own point) after the jump to 10 came back: the stretch
+    # 6..9 is not unmeasured.
+    study = new_study(HybridSampler(seed=2))
+    sweep(study)
+    study.optimize(_flat_after_5, n_trials=6)
+    assert [(e["plateau_to"], e["jump_to"]) for e in steps_events(study)] == [(5, 10)]
+    study.enqueue_trial({STEPS: 7, TOPK: 1})
+    study.optimize(_flat_after_5, n_trials=3)
+    assert all(not t.user_attrs.get(DECISION_ATTR, {}).get("why", "").startswith("bracket: ")
+               for t in study.trials)
+    assert all("bracket_trial" not in e for e in events(study))
+
+    # A jump from 14 to 16 leaves one value between: nothing to bisect.
+    def flat_after_14(trial: optuna.Trial) -> float:
+        steps = trial.suggest_int(STEPS, 1, 16)
+        trial.suggest_categorical(TOPK, [1])
+        return 0.1 * min(steps, 13) + (0.001 if steps >= 14 else 0.0)
+
+    short = new_study(HybridSampler(seed=2))
+    sweep(short, values=(10, 11, 12, 13, 14))
+    short.optimize(flat_after_14, n_trials=9)
+    assert any(e["jump_to"] == 16 for e in steps_events(short))
+    assert all("bracket_trial" not in e for e in events(short))

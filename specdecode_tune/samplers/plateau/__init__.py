@@ -12,6 +12,8 @@ outcome says whether the plateau is a peak, a shelf with more beyond ("escaped")
   per-batch-size schedule) each concurrency level's own log-speedup;
 - `geometry`: what a plateau is and where the jump lands;
 - `events`: the record of each jump in the study, and its verdict;
+- `bracket`: after a jump that came back no better, the middle of the stretch it skipped (the
+  default `HybridSampler` boots it; this sampler alone does not);
 - `sampler`: when to jump, and the Optuna hooks.
 
 Everything the sampler knows lives in the study, not in the sampler, so it pickles trivially
