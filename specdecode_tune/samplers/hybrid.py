@@ -131,7 +131,10 @@ class HybridSampler(PlannedSampler):
         event["bracket_trial"] = trial.number
         event["bracket_at"] = point[event["axis"]]
         ev.save_events(study, events)
-        set_trial_user_attr(study, trial, DECISION_ATTR, {"by": "plateau", "why": why})
+        # Visible now: the search's define-by-run function shows the reason as the trial
+        # starts, as a jump's.
+        set_trial_user_attr(study, trial, DECISION_ATTR,
+                            {"by": "plateau", "why": why, "bracket": True}, visible_now=True)
         self.store_plan(study, trial, {"bracket": point})
         return True
 

@@ -17,7 +17,7 @@ from ray.tune import Callback
 from ..config import Experiment
 from ..objective import pct
 from ..space import SHORT_NAMES
-from .searcher import JUMP_KEY, REPEAT_KEY
+from .searcher import BRACKET_KEY, JUMP_KEY, REPEAT_KEY
 
 REASON_CHARS = 100      # a reason on a live line; the table and the report keep it whole
 
@@ -44,6 +44,8 @@ class Progress(Callback):
         rep = trial.config.get(REPEAT_KEY, 0)
         extra = f"  [re-measure #{rep + 1}]" if rep else ""
         extra += f"  [plateau jump: {jump}]" if jump else ""
+        bracket = trial.config.get(BRACKET_KEY)
+        extra += f"  [plateau {bracket}]" if bracket else ""
         say(f"  start  {trial.trial_id}  {self._label(trial)}{extra}")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,

@@ -41,12 +41,14 @@ from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
+from ..samplers import DECISION_ATTR
 from ..space import DefineByRun
 from .stopping import PREDICTED_KEY, KVGate, StopRule
 
 __all__ = [
-    "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES", "MEASURED_KEY",
-    "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY", "SKIPPED_ATTR", "STOP_ATTR",
+    "BRACKET_KEY", "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES",
+    "MEASURED_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY",
+    "SKIPPED_ATTR", "STOP_ATTR",
     "FailureStreak", "ProposalSpace", "RepeatingSearcher",
     "SpecOptunaSearch", "failure_signature", "params_key",
 ]
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
 JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
+BRACKET_KEY = "_bracket_reason"  # config key: why the hybrid booted a plateau jump's bracket
 SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
                                 # experiment's own point)
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
@@ -172,6 +175,9 @@ class ProposalSpace(DefineByRun):
         reason = trial.user_attrs.get("jump_reason")
         if reason:
             constants[JUMP_KEY] = reason
+        decision = trial.user_attrs.get(DECISION_ATTR)
+        if isinstance(decision, dict) and decision.get("bracket"):
+            constants[BRACKET_KEY] = decision.get("why") or "bracket"
         constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
         predicted = _predict(trial)
         if predicted is not None:

@@ -921,3 +921,25 @@ def test_no_bracket_where_the_stretch_was_measured_or_too_short() -> None:
     short.optimize(flat_after_14, n_trials=9)
     assert any(e["jump_to"] == 16 for e in steps_events(short))
     assert all("bracket_trial" not in e for e in events(short))
+
+
+def test_the_search_shows_why_the_bracket_is_booted(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    from types import SimpleNamespace
+
+    from specdecode_tune.search.progress import Progress
+    from specdecode_tune.search.searcher import BRACKET_KEY, ProposalSpace
+    from specdecode_tune.space import ParamSpec
+
+    study = new_study(HybridSampler(seed=2))
+    sweep(study)
+    study.optimize(_flat_after_5, n_trials=6)
+    space = ProposalSpace((ParamSpec(STEPS, "int", low=1, high=16),
+                           ParamSpec(TOPK, "categorical", choices=(1,))), {}, "hybrid")
+    trial = study.ask()
+    config = {**(space(trial) or {}), **trial.params}
+    assert config[STEPS] == 7
+    assert config[BRACKET_KEY].startswith("bracket: the jump on speculative_num_steps to 10 ")
+    progress = Progress(load_experiment(Path("experiments/sim-default.toml")), total=16)
+    progress.on_trial_start(0, [], SimpleNamespace(trial_id="t7", config=config))
+    assert "[plateau bracket: the jump on speculative_num_steps to 10 " in capsys.readouterr().out
