@@ -6,10 +6,10 @@ within noise of the incumbent, or worse, answers "does the curve climb again out
 no. It does not answer whether the curve rises and falls again between the two: every value in
 between is unmeasured, and a model fitted to the two ends sees a line through them. On a real
 server that is where a peak can hide (llama.cpp on an H200, `benchmarks/data/llamacpp-gpu-h200
-.parquet`: steps 16 stands 5% above its neighbours and the far end, a shape of the CUDA kernels
-no smooth model predicts). The bracket boots the middle of that stretch once (every other
-parameter at the jump's incumbent's values, as the jump itself): the plateau question is
-answered when the edge, the middle and the far end are measured.
+.parquet`: steps 16 stands 7% above its neighbours and 6% above the far end, a shape of the
+CUDA kernels no smooth model predicts). The bracket boots the middle of that stretch once
+(every other parameter at the jump's incumbent's values, as the jump itself): the plateau
+question is answered when the edge, the middle and the far end are measured.
 
 One bracket per jump, only on integer axes, only where at least two values lie strictly between
 the edge and the jump, none of them measured or running on the incumbent's line (same values of
