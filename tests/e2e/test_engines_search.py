@@ -91,7 +91,12 @@ def run_search(experiment: str, tmp_path: Path, env: dict, timeout_s: int) -> tu
                          env=env, check=False)
     wall = time.monotonic() - t0
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "Best config:" in out.stdout, out.stdout[-4000:]
+    # The search ends with its verdict: a best config that beats the baseline, or, where the
+    # best is within noise of it (speculation barely pays at C=4 on these CPU engines, and a
+    # 2-core machine's windows vary by 15%: seen once in a local CI), "run without
+    # speculation". Either is a finished search; what this test checks is in the tables.
+    assert ("Best config:" in out.stdout
+            or "Run without speculation: the best config," in out.stdout), out.stdout[-4000:]
     run_dirs = [d for d in storage.iterdir() if d.is_dir()]
     assert len(run_dirs) == 1, run_dirs
     return run_dirs[0], wall
