@@ -215,12 +215,13 @@ def test_a_per_batch_size_schedule_validation_trial(servers: Any, model: Path,
     with srv:
         stream_completion(srv.base_url, "warm up the compiled graphs", 16)
         ratio: dict[int, float] = {}
+        bound = 0.75            # C=4's ratio is under this share of C=1's (asserted below)
         # C=4 is measured again (at most twice more) where its window did not show the
         # schedule: on 2 cores a window can run mostly at batch 1 (a local CI at 8f9a0d0
-        # measured 0.62 against C=1's 0.69 once, 0.01-0.02 on every rerun). A server that
-        # ignores the schedule drafts alike in every window and still fails.
+        # measured 0.62 against C=1's 0.69 once; three reruns 0.01, 0.02 and 0.34). A server
+        # that ignores the schedule drafts alike in every window and still fails.
         for c in (1, 4, 4, 4):
-            if c == 4 and 4 in ratio and ratio[4] < 0.75 * ratio[1]:
+            if c == 4 and 4 in ratio and ratio[4] < bound * ratio[1]:
                 break
             before = b.metrics_snapshot(srv.base_url)
             [(summary, _)] = measure(
@@ -247,4 +248,4 @@ def test_a_per_batch_size_schedule_validation_trial(servers: Any, model: Path,
     # benchmark measured 0.57 (0.39 / 0.68). 0.75 holds the test to the schedule's effect,
     # not to the machine's load.
     assert ratio[1] > 0.5
-    assert ratio[4] < 0.75 * ratio[1], ratio
+    assert ratio[4] < bound * ratio[1], ratio
