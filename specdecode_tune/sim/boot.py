@@ -87,7 +87,11 @@ class Facts:
     kv_bytes: int                  # per GPU, the KV pool
     reserved_bytes: int            # per GPU, in-pool buffers
     headroom_bytes: int            # per GPU, available outside the pool
-    headroom_need_bytes: int       # per GPU, needed outside the pool
+    headroom_need_bytes: int       # per GPU, needed outside the pool (the capture's peak)
+    gpu_bytes: int                 # per GPU, the whole memory (free before weights, here)
+    graph_kept_bytes: int          # per GPU, what the CUDA graph capture keeps (its part of
+                                   # the need less the warm-up passes' share, freed again)
+    free_after_capture_bytes: int  # per GPU, free after the capture: SGLang's last "avail mem"
     # SGLang's adaptive mode (a per-batch-size steps schedule, topk = 1): num_steps and
     # draft_tokens above are the largest candidate's (what the buffers are sized for); each
     # decode batch runs the steps its slot names (`shape`).
@@ -99,6 +103,18 @@ class Facts:
             return self.num_steps, self.draft_tokens, self.speculative
         s = self.adaptive.steps_for_batch(max(1, int(math.ceil(batch - 1e-9))))
         return s, s + 1, s > 0
+
+    @property
+    def memory_room(self) -> float:
+        """records.MEMORY_ROOM as the SGLang backend reads it from this server's log
+        (`memory_facts`): free after the capture over the free memory before the weights (the
+        whole GPU here). For the benchmarks' in-process replays, which start no server."""
+        return self.free_after_capture_bytes / self.gpu_bytes
+
+    @property
+    def graph_memory(self) -> float:
+        """records.GRAPH_MEMORY, likewise: what the capture kept over the same memory."""
+        return self.graph_kept_bytes / self.gpu_bytes
 
     def accept_probs(self, temperature: float) -> tuple[float, ...]:
         return self.accept_sampled if temperature > 0 else self.accept_greedy
@@ -160,6 +176,10 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             "2. set --cuda-graph-max-bs to a smaller value 3. use fewer draft tokens "
             "4. set --max-running-requests lower",
         )
+    # The fixed part is allocated before the capture (workspaces, activations); of the graphs'
+    # part the capture keeps all but its warm-up passes' share (freed before SGLang reads the
+    # free memory: the logged room overstates the real one by that much).
+    graph_kept = (1 - m.capture_transient_share) * (need - m.headroom_fixed_bytes)
     pool = draft_candidates(steps, topk)
     if draft_model and n - 1 > pool:
         # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
@@ -199,6 +219,9 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
         reserved_bytes=int(reserved),
         headroom_bytes=int(headroom),
         headroom_need_bytes=int(need),
+        gpu_bytes=int(gpu),
+        graph_kept_bytes=int(graph_kept),
+        free_after_capture_bytes=int(headroom - m.headroom_fixed_bytes - graph_kept),
         adaptive=sched,
     )
 

@@ -82,6 +82,10 @@ class SimServer:
         """Sleep through the boot; raises StartupError where SGLang would fail (after weights
         load)."""
         fail_at = self.boot_seconds * self.profile.boot.fail_at_fraction
+        # SGLang's memory lines (model_runner.py), in its words and units (GB = 2**30 bytes):
+        # the free memory before the weights and after the CUDA graph capture.
+        log.info("Load weight begin. avail mem=%.2f GB",
+                 self.profile.hardware.gpu_memory_bytes / GiB)
         await asyncio.sleep(fail_at)
         injected = self.faults.startup_failure()
         if injected is not None:
@@ -90,6 +94,9 @@ class SimServer:
                 raise StartupError("oom", message)
             raise InjectedCrash(message)
         facts = startup(self.profile, self.args)
+        log.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. "
+                 "avail mem=%.2f GB.", fail_at, facts.graph_kept_bytes / GiB,
+                 facts.free_after_capture_bytes / GiB)
         log.info("max_total_num_tokens=%d, max_running_requests=%d, max_req_input_len=%d",
                  facts.max_total_num_tokens, facts.max_running_requests, facts.max_req_input_len)
         await asyncio.sleep(self.boot_seconds - fail_at)

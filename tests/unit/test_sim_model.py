@@ -394,3 +394,27 @@ def test_a_request_larger_than_the_kv_pool_is_infeasible_not_a_crash() -> None:
     kv = startup(PROFILE, spec(6)).max_total_num_tokens
     p = predict(PROFILE, spec(6), 4, Workload(input_len=1000, output_len=kv))
     assert not p.feasible and "exceeds the KV pool" in p.reason
+
+
+@pytest.mark.parametrize("profile_name", ["seed-qwen35-122b", "bench-noisy"])
+def test_the_logged_memory_brackets_the_out_of_memory_boundary(profile_name: str) -> None:
+    """What a boot logs (sim Facts.memory_room, .graph_memory: SGLang's "avail mem" after the
+    capture and its "mem usage") brackets how far the memory fraction could rise at the same
+    draft count: a boot at mem + room runs out of memory (the room overstates by the warm-up
+    passes' share), one at mem + room - graphs boots (the assumption the sampler's boundary
+    rests on: the warm-up uses no more than the graphs keep)."""
+    from specdecode_tune.sim.arguments import StartupError
+    from specdecode_tune.sim.boot import startup
+    profile = load_profile(profile_name)
+    for draft in (2, 5, 8):
+        params = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": draft - 1,
+                  "speculative_eagle_topk": 1, "speculative_num_draft_tokens": draft,
+                  "mem_fraction_static": 0.86, "tp_size": 2, "disable_radix_cache": True}
+        facts = startup(profile, params)
+        room, graph = facts.memory_room, facts.graph_memory
+        assert graph > 0 and room > 0
+        with pytest.raises(StartupError) as e:
+            startup(profile, {**params, "mem_fraction_static": 0.86 + room + 1e-4})
+        assert e.value.kind == "oom"
+        startup(profile, {**params,
+                          "mem_fraction_static": 0.86 + max(0.0, room - graph) - 1e-4})

@@ -142,3 +142,16 @@ def test_architecture_is_optional() -> None:
     assert profile_from_dict(data).architecture == "Qwen3_5MoeForConditionalGeneration"
     data.pop("architecture")
     assert profile_from_dict(data).architecture == ""
+
+
+def test_the_capture_transient_share_is_optional_and_checked() -> None:
+    """[memory] capture_transient_share: the default where a profile leaves it out, its value
+    where one sets it, and one error line for a share outside [0, 1)."""
+    data = seed_dict()
+    data["memory"].pop("capture_transient_share", None)
+    assert profile_from_dict(data).memory.capture_transient_share == 0.25
+    data["memory"]["capture_transient_share"] = 0.4
+    assert profile_from_dict(data).memory.capture_transient_share == 0.4
+    data["memory"]["capture_transient_share"] = 1.0
+    with pytest.raises(ConfigError, match=r"\[memory\] capture_transient_share"):
+        profile_from_dict(data, source="x.toml")
