@@ -89,9 +89,19 @@ class LevelSummary:
     slo_total: int | None = None
 
 
+# ServerFacts.extra, from the boot's log where the engine logs its memory (`Backend.memory_facts`),
+# as shares of the GPU memory its static pool is sized against:
+# MEMORY_ROOM: free after the last CUDA graph capture, how far the memory fraction could have
+# risen, at most, before the capture ran out of memory;
+# GRAPH_MEMORY: what the captures kept (their graphs' memory).
+MEMORY_ROOM = "memory_room"
+GRAPH_MEMORY = "graph_memory"
+
+
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
-    """What the server says about itself after boot."""
+    """What the server says about itself after boot. `extra` holds the rest by name, among
+    them MEMORY_ROOM and GRAPH_MEMORY (`Backend.memory_facts`, from the boot's log)."""
 
     max_total_num_tokens: int | None = None
     max_running_requests: int | None = None

@@ -55,6 +55,9 @@ LevelCallback = Callable[[LevelSummary, Sequence[RequestRecord]], None]
 
 # How long a server may take to answer its health path after a level before it counts as hung.
 HEALTH_PROBE_S = 5.0
+# The boot's log the backend reads its memory lines from (SGLang logs them early in a boot
+# of a few thousand lines).
+BOOT_LOG_BYTES = 4 << 20
 # How long a level's end waits for the server to finish or abort the requests it still has.
 DRAIN_S = 30.0
 DRAIN_POLL_S = 0.02
@@ -191,6 +194,12 @@ def run_trial(
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
+            # The memory the boot left free and its graphs kept (the engine's own memory
+            # lines): the model's out-of-memory boundary learns from boots that ran, not only
+            # from boots refused.
+            memory = backend.memory_facts(srv.log_tail(BOOT_LOG_BYTES))
+            if memory:
+                facts = dataclasses.replace(facts, extra={**facts.extra, **memory})
             # vLLM does not report its running limit: then the flag we set is the limit.
             limit = facts.max_running_requests or params.get("max_running_requests")
             # A sharegpt sample counted again by the server's tokenizer, where it has an

@@ -82,6 +82,11 @@ class Backend(Protocol):
         """What to set in the experiment for an argument refusal the server gives every point
         ('' where this engine knows no remedy for it)."""
 
+    def memory_facts(self, log_text: str) -> dict[str, float]:
+        """From the boot's log, records.MEMORY_ROOM and GRAPH_MEMORY (shares of the memory the
+        static pool is sized against): the free memory after the last CUDA graph capture and
+        what the captures kept; {} where the engine's log does not say."""
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         """The server's speculative counters now (taken before and after a measurement
         window), or None where the server has none (SGLang: acceptance comes per request)."""

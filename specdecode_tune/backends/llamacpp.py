@@ -226,6 +226,9 @@ class LlamaCppBackend:
     def refusal_advice(self, message: str) -> str:
         return ""
 
+    def memory_facts(self, log_text: str) -> dict[str, float]:
+        return {}       # llama.cpp has no memory fraction to tune
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

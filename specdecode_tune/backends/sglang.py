@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..errors import ConfigError
-from ..records import ServerFacts
+from ..records import GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from . import simargs
 from .failurepatterns import FailurePatterns
@@ -246,6 +246,50 @@ def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
     req = urllib.request.Request(url, headers=dict(headers or {}))
     with _OPENER.open(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())
+
+
+# SGLang's memory lines (model_runner.py, eagle_worker.py; 0.5.10.post1): each rank logs the free
+# memory of its GPU ("avail mem=X GB", X in 2**30 bytes, read after emptying the allocator's
+# cache) before it loads weights, and after each CUDA graph capture (target, draft, draft
+# extend) with what that capture kept: "[... TP0] Load weight begin. avail mem=...",
+# "[... TP0] Capture draft cuda graph end. Time elapsed: ... s. mem usage=... GB. avail
+# mem=... GB.".
+_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
+_CAPTURE_END = re.compile(r"Capture [^\n]*? end\. [^\n]*?mem usage=(-?[0-9.]+) GB\. "
+                          r"avail mem=([0-9.]+) GB")
+# The rank tags of SGLang's log prefix ("[%(asctime)s DP0 PP0 ATTN_CP0 MOE_DP0 TP1 EP1]",
+# configure_logger's prefix as the scheduler builds it).
+_RANK = re.compile(r"\b([A-Z][A-Z_]*\d+)\b")
+
+
+def memory_facts(log_text: str) -> dict[str, float]:
+    """records.MEMORY_ROOM and GRAPH_MEMORY from a boot's log: the free memory after the last
+    CUDA graph capture, and the memory the captures kept (their "mem usage" summed), over the
+    free memory before the weights, on the rank with the least room; {} where the log has no
+    capture line (CUDA graphs off, a CPU server).
+
+    SGLang sizes its static pool as mem_fraction_static times the memory free at start-up (the
+    rest outside the pool is that times 1 - mem_fraction_static: `profile_max_num_token`), so
+    adding r to the fraction takes r times that memory from what the capture had: the room is
+    how far the fraction could have risen, at most. Not the boundary itself: the warm-up
+    passes before each capture use memory they free before the reading."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    kept: dict[str, float] = {}
+    for line in log_text.splitlines():
+        head = line[:line.find("]") + 1] if line.startswith("[") else ""
+        rank = " ".join(_RANK.findall(head))
+        if (m := _LOAD_BEGIN.search(line)) is not None:
+            first.setdefault(rank, float(m.group(1)))
+        elif (m := _CAPTURE_END.search(line)) is not None and rank in first:
+            kept[rank] = kept.get(rank, 0.0) + max(0.0, float(m.group(1)))
+            last[rank] = float(m.group(2))
+    ranks = [r for r in last if first[r] > 0]
+    if not ranks:
+        return {}
+    rank = min(ranks, key=lambda r: last[r] / first[r])
+    return {MEMORY_ROOM: round(last[rank] / first[rank], 6),
+            GRAPH_MEMORY: round(kept[rank] / first[rank], 6)}
 
 
 class SGLangBackend:
@@ -469,6 +513,9 @@ class SGLangBackend:
                     "--mamba-scheduler-strategy extra_buffer with SGLANG_ENABLE_SPEC_V2=1, "
                     "refuses topk > 1)")
         return ""
+
+    def memory_facts(self, log_text: str) -> dict[str, float]:
+        return memory_facts(log_text)
 
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the

@@ -207,6 +207,11 @@ class VLLMBackend:
     def refusal_advice(self, message: str) -> str:
         return ""
 
+    def memory_facts(self, log_text: str) -> dict[str, float]:
+        # vLLM sizes its KV cache from a profiled peak (gpu_memory_utilization), not a static
+        # share of the free memory: SGLang's reading of a room does not carry over.
+        return {}
+
     def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
         return speccounters.scrape(base_url, METRICS_PREFIX)
 

@@ -3,7 +3,8 @@
     python sglang_probe.py IN.json OUT.json
 
 IN.json: {"cases": [{"argv": [...], "env": {...}}, ...], "trees": [[steps, topk, draft], ...]}
-OUT.json: {"sglang": version, "cases": [...], "trees": [...]}, in the same order.
+OUT.json: {"sglang": version, "cases": [...], "trees": [...]}, in the same order; with
+"memory_templates": true in IN.json also SGLang's memory log lines (`memory_templates`).
 
 A case is one server command line (without `python -m sglang.launch_server`), answered by the
 backend's own checker, `specdecode_tune/backends/sglang_argcheck.py` (`run_case`: SGLang's
@@ -107,12 +108,58 @@ def run_tree(steps: int, topk: int, draft: int, batch: int = 2, vocab: int = 64)
     return {"ok": True, "candidates": candidates}
 
 
+# SGLang's memory log lines the backend reads (`memory_facts` in backends/sglang.py): where they
+# are written, and a phrase that tells each one.
+MEMORY_LINES = (
+    ("sglang.srt.model_executor.model_runner", "Load weight begin"),
+    ("sglang.srt.model_executor.model_runner", "end. Time elapsed"),
+    ("sglang.srt.speculative.eagle_worker", "Capture draft cuda graph end"),
+    ("sglang.srt.speculative.eagle_worker", "Capture draft extend cuda graph end"),
+)
+
+
+def memory_templates() -> list[dict]:
+    """SGLang's own f-strings for its memory lines, read from its source (without importing
+    the modules, which need CUDA), as str.format templates: {"module", "phrase", "template",
+    "fields": the source of each replacement field, in order}."""
+    import ast
+    import importlib.util
+
+    out = []
+    for module, phrase in MEMORY_LINES:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin, module
+        with open(spec.origin) as f:
+            source = f.read()
+        for node in ast.walk(ast.parse(source, spec.origin)):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
+            if phrase not in text or "avail mem=" not in text:
+                continue
+            template, fields = "", []
+            for v in node.values:
+                if isinstance(v, ast.Constant):
+                    template += str(v.value).replace("{", "{{").replace("}", "}}")
+                else:
+                    assert isinstance(v, ast.FormattedValue)
+                    spec_text = "".join(c.value for c in v.format_spec.values) \
+                        if isinstance(v.format_spec, ast.JoinedStr) else ""
+                    template += ("{" + str(len(fields)) + (":" + spec_text if spec_text else "")
+                                 + "}")
+                    fields.append(ast.get_source_segment(source, v.value))
+            out.append({"module": module, "phrase": phrase, "template": template,
+                        "fields": fields})
+    return out
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         job = json.load(f)
     out = {"sglang": metadata.version("sglang"),
            "cases": [run_case(c) for c in job.get("cases", [])],
-           "trees": [run_tree(*t) for t in job.get("trees", [])]}
+           "trees": [run_tree(*t) for t in job.get("trees", [])],
+           "memory_templates": memory_templates() if job.get("memory_templates") else []}
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
 

@@ -28,9 +28,15 @@ import pytest
 
 from specdecode_tune import enginecache, results
 from specdecode_tune.backends import get_backend
-from specdecode_tune.backends.sglang import radix_spec_refusal
+from specdecode_tune.backends.sglang import memory_facts, radix_spec_refusal
 from specdecode_tune.config import Experiment, load_experiment
-from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
+from specdecode_tune.records import (
+    GRAPH_MEMORY,
+    MEMORY_ROOM,
+    LevelSummary,
+    ServerFacts,
+    TrialResult,
+)
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.recommend import recommend, schedule
 from specdecode_tune.space import BASELINE, DRAFT, STEPS, TOPK, invalid_reason, resolve
@@ -262,7 +268,7 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases.update(report_cases(models, tmp / "run"))
     trees = sorted({t for name in SEED_EXPERIMENTS for t in tree_grid(load(name))})
     job = {"cases": [{"argv": c.argv, "env": c.env} for c in cases.values()],
-           "trees": [list(t) for t in trees]}
+           "trees": [list(t) for t in trees], "memory_templates": True}
     (tmp / "in.json").write_text(json.dumps(job))
     proc = subprocess.run([str(SGLANG_PY), str(HERE / "sglang_probe.py"), str(tmp / "in.json"),
                            str(tmp / "out.json")], capture_output=True, text=True, timeout=240,
@@ -271,7 +277,8 @@ def sglang(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = json.loads((tmp / "out.json").read_text())
     return {"version": out["sglang"], "cases": cases,
             "answers": dict(zip(cases, out["cases"], strict=True)),
-            "trees": dict(zip(trees, out["trees"], strict=True))}
+            "trees": dict(zip(trees, out["trees"], strict=True)),
+            "memory_templates": out["memory_templates"]}
 
 
 def answers(sglang: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
@@ -437,3 +444,51 @@ def test_fact_partial_triples(sglang: dict[str, Any]) -> None:
     assert a["fact/topk-only"]["error"].startswith("AssertionError")
     # Steps and topk > 1 without a draft count parse, leaving it None (no default).
     assert a["fact/no-draft-count"]["ok"] and a["fact/no-draft-count"]["triple"] == [3, 4, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang's memory lines
+
+
+def _render(template: dict[str, Any], values: dict[str, Any]) -> str:
+    """One of SGLang's memory f-strings with each field's value chosen by what its source
+    computes."""
+    args = []
+    for field in template["fields"]:
+        key = next((k for k in values if k in field), None)
+        assert key is not None, f"a field the test has no value for: {field!r}"
+        args.append(values[key])
+    return template["template"].format(*args)
+
+
+def test_the_memory_lines_read_are_sglangs_own(sglang: dict[str, Any]) -> None:
+    """A boot log of two tensor-parallel ranks built from SGLang's own f-strings (read from its
+    source by the probe: the weight load, the target's capture, the draft's and the draft
+    extend's) gives the room and the graphs' memory of the rank with the least room."""
+    found = sglang["memory_templates"]
+    # "end. Time elapsed" in model_runner: the decode graphs' capture ("Capture {graph backend}
+    # end") and the piecewise prefill graphs' ("Capture piecewise CUDA graph end").
+    templates = {t["phrase"]: t for t in found
+                 if "piecewise" not in t["template"]}
+    assert set(templates) == {"Load weight begin", "end. Time elapsed",
+                              "Capture draft cuda graph end",
+                              "Capture draft extend cuda graph end"}, found
+    assert any("piecewise" in t["template"] for t in found), found
+    lines = []
+    # (free before weights, then per capture: (kept, free after)) per rank
+    ranks = {"TP0": (139.5, [(2.0, 11.0), (0.5, 10.5), (0.25, 10.25)]),
+             "TP1": (139.0, [(2.0, 10.0), (0.5, 9.5), (0.25, 9.25)])}
+    for rank, (before, captures) in ranks.items():
+        prefix = f"[2026-12-04 10:00:00 {rank}] "
+        lines.append(prefix + _render(templates["Load weight begin"],
+                                      {"get_available_gpu_memory": before}))
+        for phrase, (kept, after) in zip(("end. Time elapsed", "Capture draft cuda graph end",
+                                          "Capture draft extend cuda graph end"), captures,
+                                         strict=True):
+            lines.append(prefix + _render(templates[phrase], {
+                "graph_backend": "cuda graph", "perf_counter": 12.5, "graph_mem_usage": kept,
+                "before_mem - after_mem": kept, "after_mem": after}))
+    facts = memory_facts("\n".join(lines))
+    assert facts[MEMORY_ROOM] == pytest.approx(9.25 / 139.0, abs=1e-5)
+    assert facts[GRAPH_MEMORY] == pytest.approx(2.75 / 139.0, abs=1e-5)
+    assert memory_facts("\n".join(lines[:1])) == {}        # no capture: nothing to say

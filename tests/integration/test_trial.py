@@ -14,7 +14,8 @@ import pytest
 
 from specdecode_tune import results
 from specdecode_tune.config import load_experiment
-from specdecode_tune.sim.model import Workload, predict
+from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
+from specdecode_tune.sim.model import Workload, predict, startup
 from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.space import resolve
 from specdecode_tune.trial import TrialContext, run_trial
@@ -47,6 +48,11 @@ def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
         assert level.errors == 0
     assert result.facts.max_total_num_tokens == want.max_total_num_tokens
     assert result.facts.max_running_requests == want.max_running_requests
+    # The memory the boot left and its graphs kept, read from the server's log as SGLang words
+    # it (the simulator's figures, to the log's 0.01 GB), and kept in the trials table.
+    facts = startup(profile, params)
+    assert result.facts.extra[MEMORY_ROOM] == pytest.approx(facts.memory_room, abs=1e-4)
+    assert result.facts.extra[GRAPH_MEMORY] == pytest.approx(facts.graph_memory, abs=1e-4)
     # flagged when C=16 is above the running limit (queueing), and only then
     c16 = next(lv for lv in result.levels if lv.concurrency == 16)
     assert c16.over_running_limit == (16 > want.max_running_requests)  # noqa: SIM300 (C first)
@@ -54,6 +60,8 @@ def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
     tables = results.read_tables(ctx.run_dir)
     assert tables.trials.num_rows == 1 and tables.levels.num_rows == 2
     assert tables.trials.column("status").to_pylist() == ["ok"]
+    stored = json.loads(tables.trials.column("facts_json").to_pylist()[0])
+    assert stored[MEMORY_ROOM] == result.facts.extra[MEMORY_ROOM]
     assert tables.requests.num_rows > 0
     assert not list((tmp_path / "logs" / "pids").glob("*.json"))   # teardown done
 

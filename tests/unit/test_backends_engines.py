@@ -406,3 +406,34 @@ def test_backend_python_is_checked(text: str, words: str) -> None:
     data = {"kind": "sglang", "model_path": "m", **tomllib.loads(text)}
     with pytest.raises(ConfigError, match=words):
         BackendConfig.from_table(Table(data, "backend", "x"))
+
+
+def test_sglang_memory_facts_from_its_boot_log() -> None:
+    """SGLang's memory lines (the form the contract test renders from SGLang's own source),
+    per rank: the room is the last capture's free memory over the free memory before the
+    weights, the graphs' memory their "mem usage" summed, on the rank with the least room."""
+    from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
+    log = "\n".join([
+        "[2026-12-04 10:00:00 DP0 TP0] Load weight begin. avail mem=100.00 GB",
+        "[2026-12-04 10:00:00 DP0 TP1] Load weight begin. avail mem=80.00 GB",
+        "[2026-12-04 10:00:01 DP0 TP0] Load weight end. elapsed=1.00 s, type=X, "
+        "avail mem=30.00 GB, mem usage=70.00 GB.",
+        "[2026-12-04 10:00:09 DP0 TP0] Capture cuda graph end. Time elapsed: 8.00 s. "
+        "mem usage=3.00 GB. avail mem=12.00 GB.",
+        "[2026-12-04 10:00:09 DP0 TP1] Capture cuda graph end. Time elapsed: 8.00 s. "
+        "mem usage=3.00 GB. avail mem=9.00 GB.",
+        "[2026-12-04 10:00:12 DP0 TP0] Capture draft cuda graph end. Time elapsed: 2.00 s. "
+        "mem usage=1.00 GB. avail mem=11.00 GB.",
+        "[2026-12-04 10:00:12 DP0 TP1] Capture draft cuda graph end. Time elapsed: 2.00 s. "
+        "mem usage=1.00 GB. avail mem=8.00 GB.",
+    ])
+    facts = sglang.memory_facts(log)
+    assert facts == {MEMORY_ROOM: 0.1, GRAPH_MEMORY: 0.05}      # TP1: 8 / 80, 4 / 80
+    # The simulator's lines have no rank tag; a log without a capture says nothing.
+    assert sglang.memory_facts(
+        "[t] INFO Load weight begin. avail mem=50.00 GB\n[t] INFO Capture cuda graph end. "
+        "Time elapsed: 1.00 s. mem usage=1.00 GB. avail mem=5.00 GB.") == {
+            MEMORY_ROOM: 0.1, GRAPH_MEMORY: 0.02}
+    assert sglang.memory_facts(log.splitlines()[0]) == {}
+    for kind in ("vllm", "llamacpp"):
+        assert get_backend(kind).memory_facts(log) == {}
