@@ -66,6 +66,7 @@ import optuna
 
 from specdecode_tune.config import Experiment, load_experiment
 from specdecode_tune.objective import RATIO_FLOOR
+from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.samplers.model import (
     BASELINE_ATTR,
     MEASURED_ATTR,
@@ -111,6 +112,8 @@ class Point:
     kv: int
     limit: int
     score: float                        # true score (INFEASIBLE_SCORE when refused)
+    room: float | None = None           # the memory its boot logs (sim Facts.memory_room,
+    graph: float | None = None          # .graph_memory)
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,8 @@ def build_truth(profile_name: str, exp: Experiment) -> Truth:
                             {c: p.step_time_s for c, p in preds.items()},
                             preds[levels[0]].accept_length,
                             facts.accept_probs(workload.temperature),
-                            facts.max_total_num_tokens, facts.max_running_requests, score)
+                            facts.max_total_num_tokens, facts.max_running_requests, score,
+                            facts.memory_room, facts.graph_memory)
     optimum = max(points, key=lambda k: points[k].score)
     b = base_pred[levels[0]]
     return Truth(profile, exp, base, {c: p.step_time_s for c, p in base_pred.items()},
@@ -239,7 +243,9 @@ def measure(truth: Truth, key: Key, seed: int, repeat: int = 0
         levels.append({"concurrency": c, "output_tok_s": value,
                        "accept_length": 1.0 + accepted / verify_steps,
                        "accept_histogram": hist})
-    facts = {"max_total_num_tokens": point.kv, "max_running_requests": point.limit}
+    facts = {"max_total_num_tokens": point.kv, "max_running_requests": point.limit,
+             MEMORY_ROOM: None if point.room is None else round(point.room, 6),
+             GRAPH_MEMORY: None if point.graph is None else round(point.graph, 6)}
     return tok_s, measured_attr(status="ok", params=params, facts=facts, levels=levels)
 
 

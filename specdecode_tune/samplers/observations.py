@@ -14,7 +14,10 @@ a resumed study keep them; the keys of per-level maps are str(concurrency)):
         "status": "ok" | "infeasible" | "failed" | "pruned",
         "reason": "...",                # the server's refusal, for infeasible boots
         "params": {...},                # the resolved server settings (space.resolve)
-        "facts": {"max_total_num_tokens": int | None, "max_running_requests": int | None},
+        "facts": {"max_total_num_tokens": int | None, "max_running_requests": int | None,
+                  "memory_room": float | None, "graph_memory": float | None},
+                                        # the last two: ServerFacts.extra's, where the engine
+                                        # logs its memory (records.MEMORY_ROOM, GRAPH_MEMORY)
         "levels": {"16": {"output_tok_s": 1903.0, "accept_length": 4.86,   # `LevelObs`
                           "accept_histogram": [3, 1, 0, 2, 120]}, ...},
     }
@@ -34,6 +37,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ..records import GRAPH_MEMORY, MEMORY_ROOM
 
 MEASURED_ATTR = "measured"          # trial user attr: what the trial measured (`Measured`)
 BASELINE_ATTR = "baseline"          # study user attr: the no-speculation baseline (`Baseline`)
@@ -89,6 +94,9 @@ class Measured:
     kv: int | None                  # max_total_num_tokens: the KV budget in tokens
     limit: int | None               # max_running_requests
     levels: tuple[LevelObs, ...]
+    room: float | None = None       # records.MEMORY_ROOM: how far the memory fraction could
+                                    # rise before the boot ran out of memory, at most
+    graph: float | None = None      # records.GRAPH_MEMORY: what its CUDA graphs kept
 
     @property
     def feasible(self) -> bool:
@@ -102,14 +110,16 @@ class Measured:
         return cls(status=status, reason=reason,
                    params={k: v for k, v in params.items()
                            if isinstance(v, (int, float, str, bool)) or v is None},
-                   kv=kv, limit=limit, levels=_closed_levels(levels))
+                   kv=kv, limit=limit, levels=_closed_levels(levels),
+                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY))
 
     def to_attr(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "reason": self.reason,
             "params": dict(self.params),
-            "facts": _facts_attr(self.kv, self.limit),
+            "facts": {**_facts_attr(self.kv, self.limit), MEMORY_ROOM: self.room,
+                      GRAPH_MEMORY: self.graph},
             "levels": {str(lv.concurrency): lv.to_attr() for lv in self.levels},
         }
 
@@ -118,11 +128,13 @@ class Measured:
         m = _as_mapping(value)
         if m is None:
             return None
-        kv, limit = _facts_of(_as_mapping(m.get("facts")))
+        facts = _as_mapping(m.get("facts"))
+        kv, limit = _facts_of(facts)
         levels = (LevelObs.from_attr(c, e) for c, e in (_as_mapping(m.get("levels")) or {}).items())
         return cls(status=str(m.get("status", "ok")), reason=str(m.get("reason", "")),
                    params=dict(_as_mapping(m.get("params")) or {}), kv=kv, limit=limit,
-                   levels=tuple(lv for lv in levels if lv is not None))
+                   levels=tuple(lv for lv in levels if lv is not None),
+                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY))
 
 
 @dataclass(frozen=True)
@@ -195,6 +207,20 @@ def _facts_of(facts: Any) -> tuple[int | None, int | None]:
     get = _getter(facts)
     kv, limit = get(_KV, None), get(_LIMIT, None)
     return None if kv is None else int(kv), None if limit is None else int(limit)
+
+
+def _extra_of(facts: Any, name: str) -> float | None:
+    """A number `name` (records.MEMORY_ROOM, GRAPH_MEMORY) from ServerFacts (its extra), a
+    facts mapping (the attr's, or one with an "extra" map), or None."""
+    if facts is None:
+        return None
+    get = _getter(facts)
+    value = get(name, None)
+    if value is None:
+        value = (_as_mapping(get("extra", None)) or {}).get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
 
 
 def _facts_attr(kv: int | None, limit: int | None) -> dict[str, int | None]:

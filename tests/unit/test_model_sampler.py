@@ -8,6 +8,7 @@ to the base sampler can be checked too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pickle
@@ -19,7 +20,7 @@ import numpy as np
 import optuna
 import pytest
 
-from specdecode_tune.records import LevelSummary, ServerFacts
+from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM, LevelSummary, ServerFacts
 from specdecode_tune.samplers.model import (
     BASELINE_ATTR,
     DECISION_ATTR,
@@ -444,12 +445,14 @@ def test_measured_attr_from_records_is_json_and_parses_back() -> None:
     params = {STEPS: 4, TOPK: 1, DRAFT: 5, MEM: 0.88, "speculative_algorithm": "EAGLE3"}
     attr = measured_attr(status="ok", params=params,
                          facts=ServerFacts(max_total_num_tokens=300_000,
-                                           max_running_requests=17, gpu_ids=("0", "1")),
+                                           max_running_requests=17, gpu_ids=("0", "1"),
+                                           extra={MEMORY_ROOM: 0.07, GRAPH_MEMORY: 0.02}),
                          levels=[good, suspect])
     text = json.dumps(attr)
     back = parse_measured(json.loads(text), {})
     assert back.key == (4, 1, 5, 0.88)
     assert (back.kv, back.limit, back.feasible) == (300_000, 17, True)
+    assert (back.room, back.graph) == (0.07, 0.02)
     assert [lv.concurrency for lv in back.levels] == [16]
     assert back.levels[0].histogram == (1, 2, 3, 4, 90)
     refused = parse_measured(measured_attr(
@@ -658,3 +661,44 @@ def test_a_running_point_below_a_boot_that_ran_does_not_erase_the_memory_boundar
     # A running point a line can join is counted: the boundary moves below it.
     near = obs(5, 1, 6, mem=0.91, feasible=False, failure="oom")
     assert fit_oom_running(measured, [near], fit_oom(measured)).p_feasible(0.91, 6) == 0.0
+
+
+def logged(o: TrialObs, room: float, graph: float) -> TrialObs:
+    return dataclasses.replace(o, room=room, graph=graph)
+
+
+def test_boots_that_logged_their_memory_bound_the_boundary_without_a_refusal() -> None:
+    """A boundary line alpha - beta * n (alpha 0.95, beta 0.0075: the need grows 1.5x as fast
+    as the graphs' kept 0.005 per draft token) seen only through two boots' logs: each says the
+    fraction could rise by at most its room and at least room - graphs, and their graphs'
+    growth bounds the slope. Points beyond every line are certain refusals, points below every
+    line certain boots, with no boot refused."""
+    from specdecode_tune.samplers.model.oom import fit_oom
+
+    def boot(n: int) -> TrialObs:
+        boundary, graph = 0.95 - 0.0075 * n, 0.005 * n
+        transient = 0.0025 * n                       # freed before the reading
+        return logged(obs(n - 1, 1, n, mem=0.85), room=boundary + transient - 0.85, graph=graph)
+
+    measured = [boot(4), boot(6)]
+    assert fit_oom([dataclasses.replace(o, room=None, graph=None) for o in measured]) is None
+    fit = fit_oom(measured)
+    assert fit is not None
+    assert fit.beta.min() >= 0.005 - 1e-9 and fit.beta.max() <= 0.01 + 1e-9
+    assert fit.p_feasible(0.93 + 1e-3, 4) == 0.0          # above boot(4)'s room
+    assert fit.p_feasible(0.86, 8) == 1.0                  # truth 0.89: below every line
+    assert fit.p_feasible(0.93, 8) == 0.0                  # truth 0.89
+    assert 0.0 < fit.p_feasible(0.915, 4) < 1.0            # truth 0.92: inside the bracket
+
+
+def test_a_refusal_that_contradicts_the_logged_lower_bounds_drops_them() -> None:
+    """The lower bounds rest on an assumption (the capture's warm-up uses no more than its
+    graphs keep); a refusal below one drops them, and the upper bounds (what the log says for
+    certain) stay with the refusal."""
+    from specdecode_tune.samplers.model.oom import fit_oom
+    ran = logged(obs(3, 1, 4, mem=0.85), room=0.08, graph=0.02)     # lower 0.91, upper 0.93
+    refused = obs(3, 1, 4, mem=0.90, feasible=False, failure="oom")
+    fit = fit_oom([ran, refused])
+    assert fit is not None
+    assert fit.p_feasible(0.90, 4) == 0.0 and fit.p_feasible(0.935, 4) == 0.0
+    assert 0.0 < fit.p_feasible(0.875, 4) < 1.0

@@ -8,11 +8,27 @@ too little it fails the boot with "CUDA out of memory" (the simulator copies the
 
 This module keeps the set of lines consistent with what was measured (a version space):
 every refused boot of kind "oom" at (m, n) says alpha - beta * n < m; every boot that ran at
-(m, n) says alpha - beta * n >= m. Over a grid of slopes beta, each consistent slope has an
-interval of alpha. A point is refused in a draw when it lies above the drawn line; where every
-consistent line says so, the refusal is certain (p_feasible 0). With no refusal measured yet
-nothing bounds the line from above and nothing is predicted refused: the first out-of-memory
-boot is the probe that measures the boundary.
+(m, n) says alpha - beta * n >= m. Where the engine logged its memory after the CUDA graph
+capture (SGLang's "avail mem" and "mem usage" lines, as shares of the memory its pool is sized
+against: `TrialObs.room` r, the free memory after the last capture, and `TrialObs.graph` g,
+what the captures kept), a boot that ran also says:
+- alpha - beta * n <= m + r: the fraction could not have risen by more than r (the capture would
+  have had less than it kept). An upper bound, as a refusal is.
+- alpha - beta * n >= m + r - g: it could have risen by r - g, if the warm-up passes before a
+  capture, whose memory is freed before the reading, use no more than the capture keeps (they
+  run the same forward passes eagerly).
+- beta between the growth of g per draft token (a line over boots at two or more draft counts)
+  and twice it, and at most 2 g / n of any boot: by the same assumption the need grows per
+  draft token at least as the graphs' memory does and at most twice as fast, and the graphs
+  keep at least their per-token part.
+Those two rest on our assumption, not measured on a GPU: where a refusal contradicts them they
+are dropped, then the upper bounds if they too contradict the refusals (another process took
+memory between boots), and the refusals alone bound the line.
+Over a grid of slopes beta, each consistent slope has an interval of alpha. A point is refused
+in a draw when it lies above the drawn line; where every consistent line says so, the refusal
+is certain (p_feasible 0). With neither a refusal nor a logged room nothing bounds the line from
+above and nothing is predicted refused: the first out-of-memory boot is the probe that measures
+the boundary.
 """
 
 from __future__ import annotations
@@ -58,16 +74,58 @@ class OOMFit:
 
 
 def fit_oom(obs: Sequence[TrialObs]) -> OOMFit | None:
-    """The version space of boundary lines, or None where no out-of-memory boot bounds it."""
+    """The version space of boundary lines, or None where nothing bounds it from above (no
+    out-of-memory boot, no logged room)."""
     oom = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs
            if not o.feasible and o.failure == "oom"]
-    if not oom:
-        return None
     ran = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs if o.feasible]
+    # (mem, room, graphs' memory, draft tokens) of the boots that logged their memory
+    logged = [(o.mem, o.room, o.graph, o.draft) for o in obs
+              if o.feasible and o.mem is not None and o.room is not None and o.room >= 0]
+    upper = [(m + r, n) for m, r, _, n in logged]
+    graphs = [(m, r, g, n) for m, r, g, n in logged if g is not None and g > 0 and n > 0]
+    lower = [(m + r - g, n) for m, r, g, n in graphs if r > g]
+    slopes = _slopes([(n, g) for _, _, g, n in graphs])
+    tries = [(oom + upper, ran + lower, slopes), (oom + upper, ran, None)] if upper else []
+    for above, below, slopes in [*tries, (oom, ran, None)]:
+        if above and (fit := _fit(above, below, slopes)) is not None:
+            return fit
+    return None
+
+
+def _slopes(graphs: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """(least, steepest) slope the logged graph memory allows: the graphs' growth per draft token
+    (a least-squares line over boots at two or more draft counts) up to twice it, or up to
+    twice the graphs' memory per draft token of any boot (they keep at least their per-token
+    part); None without a logged graph. `graphs`: (draft tokens, graphs' memory) per boot."""
+    if not graphs:
+        return None
+    steepest = min(2 * g / n for n, g in graphs)
+    n = np.array([n for n, _ in graphs], dtype=float)
+    g = np.array([g for _, g in graphs], dtype=float)
+    if len(set(n.tolist())) < 2:
+        return 0.0, steepest
+    growth = float(np.polyfit(n, g, 1)[0])
+    if growth <= 0 or growth > steepest:
+        return 0.0, steepest
+    return growth, min(steepest, 2 * growth)
+
+
+def _fit(above: list[tuple[float, int]], ran: list[tuple[float, int]],
+         slopes: tuple[float, float] | None = None) -> OOMFit | None:
+    """Lines below every `above` point (a refusal, or a ran boot's room) and on or above every
+    `ran` point, with a slope within `slopes` (least, steepest) where given."""
     b = SLOPES
-    hi = np.min([m + b * n for m, n in oom], axis=0)
+    if slopes is not None:
+        least, steepest = slopes
+        b = b[(b >= least) & (b <= steepest)]
+        if len(b) < 3:          # a narrow range between grid points: a few slopes across it
+            b = np.linspace(least, steepest, 8)
+    if not len(b):
+        return None
+    hi = np.min([m + b * n for m, n in above], axis=0)
     lo = np.max([m + b * n for m, n in ran], axis=0) if ran else np.full(b.shape, -np.inf)
-    ok = lo < hi
+    ok = lo < hi + 1e-9         # a room of 0 (a boot on the boundary) leaves one line
     if not ok.any():
         return None             # no line explains the data: the rule does not hold here
     return OOMFit(beta=b[ok], lo=lo[ok], hi=hi[ok])

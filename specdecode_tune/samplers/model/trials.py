@@ -3,8 +3,10 @@
 A trial is one speculative configuration (`TrialObs`): its steps, topk, draft tokens and memory
 fraction (from the resolved params it measured, else the trial's own), whether it booted, what
 kind of refusal stopped it (out of memory, or not enough KV memory: the model draws different
-conclusions from each), the KV facts and the closed-loop levels sorted by concurrency. The
-baseline trial, and a "measured" attr the model cannot read, give no TrialObs.
+conclusions from each), the KV facts, the memory a boot left free and its CUDA graphs kept where
+the engine logs them (`oom.py` reads the boundary from them), and the closed-loop levels sorted
+by concurrency. The baseline trial, and a "measured" attr the model cannot read, give no
+TrialObs.
 
 The baseline scores the model's predictions: it needs a throughput at every weighted level
 (`scoring_baseline`; levels of weight 0 do not count, and no weights means each level weighs 1).
@@ -35,6 +37,9 @@ class TrialObs:
     kv: int | None
     limit: int | None
     levels: tuple[LevelObs, ...]
+    room: float | None = None      # how far mem could rise before this boot ran out of memory,
+                                   # at most (the engine's memory lines; booted trials only)
+    graph: float | None = None     # what its CUDA graphs kept, likewise (the same units)
 
     @property
     def key(self) -> tuple:
@@ -59,6 +64,8 @@ class TrialObs:
             failure=failure_kind(measured.reason) if refused else None,
             kv=measured.kv, limit=measured.limit,
             levels=tuple(sorted(measured.levels, key=lambda lv: lv.concurrency)),
+            room=measured.room if measured.feasible else None,
+            graph=measured.graph if measured.feasible else None,
         )
 
 
