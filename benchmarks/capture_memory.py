@@ -7,11 +7,11 @@ SGLang (0.5.10.post1; docs/engines-sglang.md section 6b) sizes a static pool aga
 free at start-up, then captures CUDA graphs into one private pool, largest batch first
 (`CudaGraphRunner.capture`): before each batch size it reads the free memory WITHOUT emptying
 the allocator's cache (its tqdm progress), runs the forward twice eagerly (the warm-up), then
-captures it; after the whole capture it reads the free memory again AFTER `empty_cache` (the
-"Capture cuda graph end ... avail mem" line). The search's KV model bounds the out-of-memory
-boundary with those readings (`samplers/model/oom.py`): at most mem + the least progress
-reading, at least that less a tenth of the graphs' memory; without the progress, at most
-mem + the end reading and at least that less the graphs' memory.
+captures it inside `torch.cuda.graph`, which empties the cache as it starts; after the whole
+capture it reads the free memory again AFTER `empty_cache` (the "Capture cuda graph end ...
+avail mem" line). The search's KV model bounds the out-of-memory boundary with the end reading
+(`samplers/model/oom.py`): at most mem + the end reading, at least that less the graphs' memory
+(it assumes the warm-up needs no more than the graphs keep).
 
 Here a stand-in model (MLP blocks of a 4096-wide, 14336-intermediate transformer, bf16, the
 verify pass of `tokens` draft tokens per request at each batch size) is captured that way with
@@ -20,11 +20,13 @@ bisection in separate processes, the largest filler the capture survives (the tr
 bytes, above a reference filler), and takes the readings at the reference filler. It prints
 and writes per count: the true room, the least progress reading, the end reading, the graphs'
 memory (before less after the capture), and the warm-up over the graphs' memory (end reading
-less true room, over the graphs' memory: the model's fallback assumes at most 1; the
-simulator's `capture_transient_share` s corresponds to s / (1 - s)).
+less true room, over the graphs' memory: the model assumes at most 1; the simulator's
+`capture_transient_share` s corresponds to s / (1 - s)). `--capture-bs sglang-spec` captures
+SGLang's own batch-size list under speculative decoding instead of powers of two.
 
-Not yet run: written 2026-12-05 while no GPU machine was lent (the bisection is tested with a
-stand-in probe in tests/unit/test_capture_memory.py).
+Run on one H200 (torch 2.11, 2026-12-05; docs/engines-sglang.md section 6b has the table):
+powers of two, 2/4/8/16 tokens: warm-up over graphs 0.22/0.26/0.36/0.42, the least progress
+reading 2 MB above the end reading, both above the true room; 52 probes in 198 s.
 """
 
 from __future__ import annotations
@@ -36,13 +38,20 @@ import sys
 
 GiB = 1 << 30
 HIDDEN, INTER, LAYERS = 4096, 14336, 8
-CAPTURE_BS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+POW2_BS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# SGLang's own list under speculative decoding, to cuda_graph_max_bs 256
+# (`ServerArgs._generate_cuda_graph_batch_sizes`, 0.5.10.post1): dense near the top, so the
+# second-largest warm-up is nearly as large as the largest.
+SGLANG_SPEC_BS = (tuple(range(1, 9)) + tuple(range(10, 33, 2)) + tuple(range(40, 65, 4))
+                  + tuple(range(72, 257, 8)))
+BS_LISTS = {"pow2": POW2_BS, "sglang-spec": SGLANG_SPEC_BS}
 REFERENCE_FREE = 24 * GiB        # what the reference filler leaves free before the capture
 
 
-def probe(tokens: int, leave: int) -> dict:
+def probe(tokens: int, leave: int, bs_list: str = "pow2") -> dict:
     """One capture in this process with `leave` bytes left free before it: its readings, or
     {"oom": True}."""
+    capture_bs = BS_LISTS[bs_list]
     import torch
 
     dev = torch.device("cuda")
@@ -50,7 +59,7 @@ def probe(tokens: int, leave: int) -> dict:
     weights = [(torch.randn(HIDDEN, INTER, device=dev, dtype=torch.bfloat16) * 0.01,
                 torch.randn(INTER, HIDDEN, device=dev, dtype=torch.bfloat16) * 0.01)
                for _ in range(LAYERS)]
-    max_tokens = max(CAPTURE_BS) * tokens
+    max_tokens = max(capture_bs) * tokens
     static_in = torch.zeros(max_tokens, HIDDEN, device=dev, dtype=torch.bfloat16)
     torch.cuda.synchronize()
     free, _ = torch.cuda.mem_get_info()
@@ -70,7 +79,7 @@ def probe(tokens: int, leave: int) -> dict:
     before = torch.cuda.mem_get_info()[0]
     try:
         with torch.cuda.stream(stream):
-            for bs in reversed(CAPTURE_BS):
+            for bs in reversed(capture_bs):
                 progress.append(torch.cuda.mem_get_info()[0])      # no empty_cache, as tqdm's
                 for _ in range(2):                                 # the warm-up, eager
                     torch.cuda.synchronize()
@@ -88,16 +97,16 @@ def probe(tokens: int, leave: int) -> dict:
     return {"oom": False, "before": before, "after": after, "least_progress": min(progress)}
 
 
-def run_probe(tokens: int, leave: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--probe", str(tokens), str(leave)],
+def run_probe(tokens: int, leave: int, bs_list: str = "pow2") -> dict:
+    out = subprocess.run([sys.executable, __file__, "--probe", str(tokens), str(leave), bs_list],
                          capture_output=True, text=True, timeout=300, check=False)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(tokens: int) -> dict:
-    ref = run_probe(tokens, REFERENCE_FREE)
+def measure(tokens: int, bs_list: str = "pow2") -> dict:
+    ref = run_probe(tokens, REFERENCE_FREE, bs_list)
     if ref["oom"]:
         raise RuntimeError(f"the reference capture ran out of memory at {tokens} tokens")
     # The true room: the most the free memory before the capture can shrink by (bisection to
@@ -105,13 +114,14 @@ def measure(tokens: int) -> dict:
     lo, hi = 0, REFERENCE_FREE
     while hi - lo > 16 << 20:
         mid = (lo + hi) // 2
-        if run_probe(tokens, REFERENCE_FREE - mid)["oom"]:
+        if run_probe(tokens, REFERENCE_FREE - mid, bs_list)["oom"]:
             hi = mid
         else:
             lo = mid
     graphs = ref["before"] - ref["after"]
     end_room = ref["after"]              # free after the capture, at the reference filler
     return {
+        "batch_sizes": bs_list,
         "tokens": tokens,
         "true_room_gib": lo / GiB,
         "least_progress_gib": ref["least_progress"] / GiB,
@@ -123,16 +133,18 @@ def measure(tokens: int) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--probe":
-        print(json.dumps(probe(int(sys.argv[2]), int(sys.argv[3]))))
+    if len(sys.argv) == 5 and sys.argv[1] == "--probe":
+        print(json.dumps(probe(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="2,4,8,16")
+    ap.add_argument("--capture-bs", choices=sorted(BS_LISTS), default="pow2",
+                    help="the batch sizes captured: powers of two, or SGLang's speculative list")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
     for tokens in (int(t) for t in args.tokens.split(",")):
-        row = measure(tokens)
+        row = measure(tokens, args.capture_bs)
         rows.append(row)
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()), flush=True)
