@@ -66,7 +66,7 @@ import optuna
 
 from specdecode_tune.config import Experiment, load_experiment
 from specdecode_tune.objective import RATIO_FLOOR
-from specdecode_tune.records import CAPTURE_PEAK, GRAPH_MEMORY, MEMORY_ROOM, PEAK_ROOM
+from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.samplers.model import (
     BASELINE_ATTR,
     MEASURED_ATTR,
@@ -113,9 +113,7 @@ class Point:
     limit: int
     score: float                        # true score (INFEASIBLE_SCORE when refused)
     room: float | None = None           # the memory its boot logs (sim Facts.memory_room,
-    graph: float | None = None          # .graph_memory, .peak_room, .capture_peak)
-    peak: float | None = None
-    capture: float | None = None
+    graph: float | None = None          # .graph_memory)
 
 
 @dataclass(frozen=True)
@@ -183,8 +181,7 @@ def build_truth(profile_name: str, exp: Experiment) -> Truth:
                             preds[levels[0]].accept_length,
                             facts.accept_probs(workload.temperature),
                             facts.max_total_num_tokens, facts.max_running_requests, score,
-                            facts.memory_room, facts.graph_memory, facts.peak_room,
-                            facts.capture_peak)
+                            facts.memory_room, facts.graph_memory)
     optimum = max(points, key=lambda k: points[k].score)
     b = base_pred[levels[0]]
     return Truth(profile, exp, base, {c: p.step_time_s for c, p in base_pred.items()},
@@ -248,9 +245,7 @@ def measure(truth: Truth, key: Key, seed: int, repeat: int = 0
                        "accept_histogram": hist})
     facts = {"max_total_num_tokens": point.kv, "max_running_requests": point.limit,
              MEMORY_ROOM: None if point.room is None else round(point.room, 6),
-             GRAPH_MEMORY: None if point.graph is None else round(point.graph, 6),
-             PEAK_ROOM: None if point.peak is None else round(point.peak, 6),
-             CAPTURE_PEAK: None if point.capture is None else round(point.capture, 6)}
+             GRAPH_MEMORY: None if point.graph is None else round(point.graph, 6)}
     return tok_s, measured_attr(status="ok", params=params, facts=facts, levels=levels)
 
 

@@ -93,22 +93,15 @@ class LevelSummary:
 # as shares of the GPU memory its static pool is sized against:
 # MEMORY_ROOM: free after the last CUDA graph capture, how far the memory fraction could have
 # risen, at most, before the capture ran out of memory;
-# GRAPH_MEMORY: what the captures kept (their graphs' memory);
-# PEAK_ROOM: the least free memory the captures' progress showed (read without emptying the
-# allocator's cache, after the largest batch's warm-up and capture): closer to the boundary;
-# CAPTURE_PEAK: what the captures took at their most (each one's first progress reading less
-# its least, summed).
+# GRAPH_MEMORY: what the captures kept (their graphs' memory).
 MEMORY_ROOM = "memory_room"
 GRAPH_MEMORY = "graph_memory"
-PEAK_ROOM = "peak_room"
-CAPTURE_PEAK = "capture_peak"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerFacts:
     """What the server says about itself after boot. `extra` holds the rest by name, among
-    them MEMORY_ROOM, GRAPH_MEMORY, PEAK_ROOM and CAPTURE_PEAK (`Backend.memory_facts`, from
-    the boot's log)."""
+    them MEMORY_ROOM and GRAPH_MEMORY (`Backend.memory_facts`, from the boot's log)."""
 
     max_total_num_tokens: int | None = None
     max_running_requests: int | None = None

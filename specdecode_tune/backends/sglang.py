@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..errors import ConfigError
-from ..records import CAPTURE_PEAK, GRAPH_MEMORY, MEMORY_ROOM, PEAK_ROOM, ServerFacts
+from ..records import GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from . import simargs
 from .failurepatterns import FailurePatterns
@@ -257,12 +257,6 @@ def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
 _CAPTURE_END = re.compile(r"Capture [^\n]*? end\. [^\n]*?mem usage=(-?[0-9.]+) GB\. "
                           r"avail mem=([0-9.]+) GB")
-# The progress of each capture (model_executor/cuda_graph_runner.py `CudaGraphRunner.capture`,
-# also the draft runners'), written by tqdm on TP rank 0 only, without the log prefix, before
-# each batch size, largest first: "Capturing batches (bs=64 avail_mem=10.23 GB)". Its reading
-# does not empty the allocator's cache, so after the largest batch it still holds that batch's
-# warm-up memory: the least free memory of the capture.
-_PROGRESS = re.compile(r"Capturing batches \(bs=(\d+) avail_mem=([0-9.]+) GB\)")
 # The rank tags of SGLang's log prefix ("[%(asctime)s DP0 PP0 ATTN_CP0 MOE_DP0 TP1 EP1]",
 # configure_logger's prefix as the scheduler builds it).
 _RANK = re.compile(r"\b([A-Z][A-Z_]*\d+)\b")
@@ -272,10 +266,7 @@ def memory_facts(log_text: str) -> dict[str, float]:
     """records.MEMORY_ROOM and GRAPH_MEMORY from a boot's log: the free memory after the last
     CUDA graph capture, and the memory the captures kept (their "mem usage" summed), over the
     free memory before the weights, on the rank with the least room; {} where the log has no
-    capture line (CUDA graphs off, a CPU server). With the captures' progress (rank 0's, over
-    rank 0's memory), also PEAK_ROOM (its least reading, at most MEMORY_ROOM) and CAPTURE_PEAK
-    (per capture, a run of batch sizes largest first, its first reading less its least;
-    summed).
+    capture line (CUDA graphs off, a CPU server).
 
     SGLang sizes its static pool as mem_fraction_static times the memory free at start-up (the
     rest outside the pool is that times 1 - mem_fraction_static: `profile_max_num_token`), so
@@ -285,8 +276,7 @@ def memory_facts(log_text: str) -> dict[str, float]:
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     kept: dict[str, float] = {}
-    progress: list[tuple[int, float]] = []
-    for line in log_text.splitlines():      # tqdm's "\r" updates split too
+    for line in log_text.splitlines():
         head = line[:line.find("]") + 1] if line.startswith("[") else ""
         rank = " ".join(_RANK.findall(head))
         if (m := _LOAD_BEGIN.search(line)) is not None:
@@ -294,28 +284,12 @@ def memory_facts(log_text: str) -> dict[str, float]:
         elif (m := _CAPTURE_END.search(line)) is not None and rank in first:
             kept[rank] = kept.get(rank, 0.0) + max(0.0, float(m.group(1)))
             last[rank] = float(m.group(2))
-        else:
-            progress.extend((int(b), float(p)) for b, p in _PROGRESS.findall(line))
     ranks = [r for r in last if first[r] > 0]
     if not ranks:
         return {}
     rank = min(ranks, key=lambda r: last[r] / first[r])
-    facts = {MEMORY_ROOM: round(last[rank] / first[rank], 6),
-             GRAPH_MEMORY: round(kept[rank] / first[rank], 6)}
-    # Over rank 0's memory: the rank whose tags all read 0 (tqdm writes on tensor-parallel
-    # rank 0; with data or pipeline parallelism each group's rank 0 does, on GPUs alike).
-    zero = [r for r in ranks if all(re.fullmatch(r"[A-Z_]+0", t) for t in r.split())]
-    if progress and zero:
-        r0 = zero[0]
-        runs: list[list[float]] = []
-        for i, (bs, free) in enumerate(progress):
-            if i == 0 or bs > progress[i - 1][0]:    # a new capture starts at its largest batch
-                runs.append([])
-            runs[-1].append(free)
-        least = min(free for _, free in progress)
-        facts[PEAK_ROOM] = round(min(least, last[r0]) / first[r0], 6)
-        facts[CAPTURE_PEAK] = round(sum(run[0] - min(run) for run in runs) / first[r0], 6)
-    return facts
+    return {MEMORY_ROOM: round(last[rank] / first[rank], 6),
+            GRAPH_MEMORY: round(kept[rank] / first[rank], 6)}
 
 
 class SGLangBackend:

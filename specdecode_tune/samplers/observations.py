@@ -15,10 +15,9 @@ a resumed study keep them; the keys of per-level maps are str(concurrency)):
         "reason": "...",                # the server's refusal, for infeasible boots
         "params": {...},                # the resolved server settings (space.resolve)
         "facts": {"max_total_num_tokens": int | None, "max_running_requests": int | None,
-                  "memory_room": float | None, "graph_memory": float | None,
-                  "peak_room": float | None, "capture_peak": float | None},
-                                        # the last four: ServerFacts.extra's, where the engine
-                                        # logs its memory (records.MEMORY_ROOM, ...)
+                  "memory_room": float | None, "graph_memory": float | None},
+                                        # the last two: ServerFacts.extra's, where the engine
+                                        # logs its memory (records.MEMORY_ROOM, GRAPH_MEMORY)
         "levels": {"16": {"output_tok_s": 1903.0, "accept_length": 4.86,   # `LevelObs`
                           "accept_histogram": [3, 1, 0, 2, 120]}, ...},
     }
@@ -39,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..records import CAPTURE_PEAK, GRAPH_MEMORY, MEMORY_ROOM, PEAK_ROOM
+from ..records import GRAPH_MEMORY, MEMORY_ROOM
 
 MEASURED_ATTR = "measured"          # trial user attr: what the trial measured (`Measured`)
 BASELINE_ATTR = "baseline"          # study user attr: the no-speculation baseline (`Baseline`)
@@ -98,8 +97,6 @@ class Measured:
     room: float | None = None       # records.MEMORY_ROOM: how far the memory fraction could
                                     # rise before the boot ran out of memory, at most
     graph: float | None = None      # records.GRAPH_MEMORY: what its CUDA graphs kept
-    peak: float | None = None       # records.PEAK_ROOM: its least free memory while capturing
-    capture: float | None = None    # records.CAPTURE_PEAK: what its captures took at their most
 
     @property
     def feasible(self) -> bool:
@@ -114,8 +111,7 @@ class Measured:
                    params={k: v for k, v in params.items()
                            if isinstance(v, (int, float, str, bool)) or v is None},
                    kv=kv, limit=limit, levels=_closed_levels(levels),
-                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY),
-                   peak=_extra_of(facts, PEAK_ROOM), capture=_extra_of(facts, CAPTURE_PEAK))
+                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY))
 
     def to_attr(self) -> dict[str, Any]:
         return {
@@ -123,8 +119,7 @@ class Measured:
             "reason": self.reason,
             "params": dict(self.params),
             "facts": {**_facts_attr(self.kv, self.limit), MEMORY_ROOM: self.room,
-                      GRAPH_MEMORY: self.graph, PEAK_ROOM: self.peak,
-                      CAPTURE_PEAK: self.capture},
+                      GRAPH_MEMORY: self.graph},
             "levels": {str(lv.concurrency): lv.to_attr() for lv in self.levels},
         }
 
@@ -139,8 +134,7 @@ class Measured:
         return cls(status=str(m.get("status", "ok")), reason=str(m.get("reason", "")),
                    params=dict(_as_mapping(m.get("params")) or {}), kv=kv, limit=limit,
                    levels=tuple(lv for lv in levels if lv is not None),
-                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY),
-                   peak=_extra_of(facts, PEAK_ROOM), capture=_extra_of(facts, CAPTURE_PEAK))
+                   room=_extra_of(facts, MEMORY_ROOM), graph=_extra_of(facts, GRAPH_MEMORY))
 
 
 @dataclass(frozen=True)
@@ -216,7 +210,7 @@ def _facts_of(facts: Any) -> tuple[int | None, int | None]:
 
 
 def _extra_of(facts: Any, name: str) -> float | None:
-    """A number `name` (records.MEMORY_ROOM, GRAPH_MEMORY, ...) from ServerFacts (its extra), a
+    """A number `name` (records.MEMORY_ROOM, GRAPH_MEMORY) from ServerFacts (its extra), a
     facts mapping (the attr's, or one with an "extra" map), or None."""
     if facts is None:
         return None

@@ -92,9 +92,6 @@ class Facts:
     graph_kept_bytes: int          # per GPU, what the CUDA graph capture keeps (its part of
                                    # the need less the warm-up passes' share, freed again)
     free_after_capture_bytes: int  # per GPU, free after the capture: SGLang's last "avail mem"
-    free_at_peak_bytes: int        # per GPU, free with the largest batch's warm-up still cached
-                                   # and its graphs captured: the capture progress's least
-    free_before_capture_bytes: int  # per GPU, the capture progress's first reading
     # SGLang's adaptive mode (a per-batch-size steps schedule, topk = 1): num_steps and
     # draft_tokens above are the largest candidate's (what the buffers are sized for); each
     # decode batch runs the steps its slot names (`shape`).
@@ -113,16 +110,6 @@ class Facts:
         (`memory_facts`): free after the capture over the free memory before the weights (the
         whole GPU here). For the benchmarks' in-process replays, which start no server."""
         return self.free_after_capture_bytes / self.gpu_bytes
-
-    @property
-    def peak_room(self) -> float:
-        """records.PEAK_ROOM, likewise: the capture progress's least free memory."""
-        return self.free_at_peak_bytes / self.gpu_bytes
-
-    @property
-    def capture_peak(self) -> float:
-        """records.CAPTURE_PEAK, likewise: the capture's first progress reading less its least."""
-        return (self.free_before_capture_bytes - self.free_at_peak_bytes) / self.gpu_bytes
 
     @property
     def graph_memory(self) -> float:
@@ -235,8 +222,6 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
         gpu_bytes=int(gpu),
         graph_kept_bytes=int(graph_kept),
         free_after_capture_bytes=int(headroom - m.headroom_fixed_bytes - graph_kept),
-        free_at_peak_bytes=int(headroom - need),
-        free_before_capture_bytes=int(headroom - m.headroom_fixed_bytes),
         adaptive=sched,
     )
 

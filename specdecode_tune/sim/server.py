@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -95,15 +94,6 @@ class SimServer:
                 raise StartupError("oom", message)
             raise InjectedCrash(message)
         facts = startup(self.profile, self.args)
-        # The capture's progress, as SGLang's tqdm writes it on rank 0 (no log prefix, "\r"
-        # between updates): before the largest batch, then with its warm-up cached and its
-        # graphs captured (the peak), then the smaller batches reusing that memory.
-        bs = facts.cuda_graph_max_bs
-        before = facts.free_before_capture_bytes
-        sys.stderr.write("".join(
-            f"\rCapturing batches (bs={b} avail_mem={free / GiB:.2f} GB)"
-            for b, free in ((bs, before), (max(1, bs // 2), facts.free_at_peak_bytes),
-                            (1, facts.free_at_peak_bytes))) + "\n")
         log.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. "
                  "avail mem=%.2f GB.", fail_at, facts.graph_kept_bytes / GiB,
                  facts.free_after_capture_bytes / GiB)

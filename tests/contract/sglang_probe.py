@@ -115,7 +115,6 @@ MEMORY_LINES = (
     ("sglang.srt.model_executor.model_runner", "end. Time elapsed"),
     ("sglang.srt.speculative.eagle_worker", "Capture draft cuda graph end"),
     ("sglang.srt.speculative.eagle_worker", "Capture draft extend cuda graph end"),
-    ("sglang.srt.model_executor.cuda_graph_runner", "Capturing batches"),
 )
 
 
@@ -136,7 +135,7 @@ def memory_templates() -> list[dict]:
             if not isinstance(node, ast.JoinedStr):
                 continue
             text = "".join(v.value for v in node.values if isinstance(v, ast.Constant))
-            if phrase not in text or ("avail mem=" not in text and "avail_mem=" not in text):
+            if phrase not in text or "avail mem=" not in text:
                 continue
             template, fields = "", []
             for v in node.values:
@@ -146,8 +145,6 @@ def memory_templates() -> list[dict]:
                     assert isinstance(v, ast.FormattedValue)
                     spec_text = "".join(c.value for c in v.format_spec.values) \
                         if isinstance(v.format_spec, ast.JoinedStr) else ""
-                    # f"{x=}" is the text "x=" and the field with !r: a number's repr is
-                    # its str
                     template += ("{" + str(len(fields)) + (":" + spec_text if spec_text else "")
                                  + "}")
                     fields.append(ast.get_source_segment(source, v.value))

@@ -437,25 +437,3 @@ def test_sglang_memory_facts_from_its_boot_log() -> None:
     assert sglang.memory_facts(log.splitlines()[0]) == {}
     for kind in ("vllm", "llamacpp"):
         assert get_backend(kind).memory_facts(log) == {}
-
-
-def test_sglang_capture_progress_gives_the_least_free_memory_and_the_captures_peak() -> None:
-    """Rank 0's tqdm progress ("Capturing batches (bs=N avail_mem=X GB)", no log prefix, "\r"
-    between updates; a new capture starts at its largest batch): the least reading over the
-    memory before the weights, and each capture's first reading less its least, summed."""
-    from specdecode_tune.records import CAPTURE_PEAK, PEAK_ROOM
-    log = "\n".join([
-        "[t] INFO Load weight begin. avail mem=50.00 GB",
-        "\rCapturing batches (bs=8 avail_mem=9.00 GB):   0%|"
-        "\rCapturing batches (bs=4 avail_mem=6.00 GB):  50%|"
-        "\rCapturing batches (bs=1 avail_mem=6.50 GB): 100%|",
-        "[t] INFO Capture cuda graph end. Time elapsed: 1.00 s. mem usage=2.00 GB. "
-        "avail mem=7.00 GB.",
-        "\rCapturing batches (bs=8 avail_mem=7.00 GB):   0%|"
-        "\rCapturing batches (bs=4 avail_mem=6.50 GB):  50%|",
-        "[t] INFO Capture draft cuda graph end. Time elapsed: 1.00 s. mem usage=0.25 GB. "
-        "avail mem=6.75 GB.",
-    ])
-    facts = sglang.memory_facts(log)
-    assert facts[PEAK_ROOM] == 6.0 / 50
-    assert facts[CAPTURE_PEAK] == pytest.approx((3.0 + 0.5) / 50)

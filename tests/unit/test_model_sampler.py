@@ -702,27 +702,3 @@ def test_a_refusal_that_contradicts_the_logged_lower_bounds_drops_them() -> None
     assert fit is not None
     assert fit.p_feasible(0.90, 4) == 0.0 and fit.p_feasible(0.935, 4) == 0.0
     assert 0.0 < fit.p_feasible(0.875, 4) < 1.0
-
-
-def test_the_capture_progress_pins_the_boundary_without_the_warm_up_assumption() -> None:
-    """Where the capture's progress showed its least free memory (peak p) and what the capture
-    took at its most (c), the boundary at the boot's draft count lies within a tenth of its
-    graphs' memory below mem + p, and its slope is at most c / n: here the warm-up uses more
-    than the graphs keep (the assumption behind the other lower bound is false), and the
-    progress alone still bounds the line right."""
-    from specdecode_tune.samplers.model.oom import PEAK_MARGIN, fit_oom
-    # truth: boundary 0.95 - 0.0075 n; graphs keep 0.002 per draft token, the warm-up takes
-    # the other 0.0055 (more than the graphs keep), freed before the end reading
-    n, m = 4, 0.85
-    boundary = 0.95 - 0.0075 * n
-    o = dataclasses.replace(obs(n - 1, 1, n, mem=m), room=boundary + 0.0055 * n - m,
-                            graph=0.002 * n, peak=boundary - m, capture=0.0075 * n)
-    fit = fit_oom([o])
-    assert fit is not None and fit.beta.max() <= 0.0075 + 1e-9
-    assert fit.p_feasible(boundary + 1e-4, n) == 0.0
-    assert fit.p_feasible(boundary - PEAK_MARGIN * 0.002 * n - 1e-4, n) == 1.0
-    assert fit.p_feasible(0.86, 8) == 1.0           # truth 0.89: below every line
-    # Without the progress, the warm-up's lower bound (m + room - graphs, above the truth here)
-    # would call the boundary's own neighbourhood safe.
-    wrong = fit_oom([dataclasses.replace(o, peak=None, capture=None)])
-    assert wrong is not None and wrong.p_feasible(boundary + 1e-3, n) == 1.0

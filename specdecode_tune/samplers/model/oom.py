@@ -21,19 +21,18 @@ what the captures kept), a boot that ran also says:
   and twice it, and at most 2 g / n of any boot: by the same assumption the need grows per
   draft token at least as the graphs' memory does and at most twice as fast, and the graphs
   keep at least their per-token part.
-Where the capture's progress showed its least free memory (`TrialObs.peak` p, SGLang's tqdm line
-read without emptying the cache, after the largest batch's warm-up and capture), p replaces r
-in the upper bound (the least free memory sampled is at least the least there was), and the
-boundary is taken to lie at most `PEAK_MARGIN` g below m + p.
-The lower bounds and the slopes rest on our assumptions, not measured on a GPU: where a refusal
-contradicts them the progress's is dropped first, then the warm-up's, then the upper bounds if
-they too contradict the refusals (another process took memory between boots), and the refusals
-alone bound the line.
+Those two rest on our assumption (measured on an H200 with a stand-in capture in SGLang's
+pattern, not SGLang itself: the warm-up took 0.22-0.42 of the graphs' memory;
+docs/engines-sglang.md section 6b): where a refusal contradicts them they are dropped, then the
+upper bounds if they too contradict the refusals (another process took memory between boots),
+and the refusals alone bound the line.
 Over a grid of slopes beta, each consistent slope has an interval of alpha. A point is refused
 in a draw when it lies above the drawn line; where every consistent line says so, the refusal
 is certain (p_feasible 0). With neither a refusal nor a logged room nothing bounds the line from
 above and nothing is predicted refused: the first out-of-memory boot is the probe that measures
-the boundary.
+the boundary. SGLang's capture progress ("Capturing batches (bs=N avail_mem=X GB)") is not
+read: `torch.cuda.graph` empties the cache before each capture, so its least reading is the end
+reading (measured there: 2 MB apart) and says nothing more.
 """
 
 from __future__ import annotations
@@ -49,10 +48,6 @@ from .trials import TrialObs
 # on the log of the slope (real servers' graph buffers cost a few hundred MB per draft token
 # on a 80-140 GB GPU, 0.002-0.01), so a small slope is as likely as a large one per decade.
 SLOPES = np.concatenate([[0.0], np.geomspace(1e-4, 0.05, 100)])
-# Where the capture's progress showed its least free memory (`TrialObs.peak`: read with the
-# largest batch's warm-up still cached), the boundary is taken to lie within this share of the
-# graphs' memory below it (what a reading between batches can miss; ours, not measured).
-PEAK_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -88,39 +83,18 @@ def fit_oom(obs: Sequence[TrialObs]) -> OOMFit | None:
     oom = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs
            if not o.feasible and o.failure == "oom"]
     ran = [((o.mem if o.mem is not None else 1.0), o.draft) for o in obs if o.feasible]
-    # (mem, room, graphs' memory, draft tokens, whether the room is the capture progress's
-    # least free memory) of the boots that logged their memory
-    logged = [(o.mem, o.room if o.peak is None else min(o.room, o.peak), o.graph, o.draft,
-               o.peak is not None) for o in obs
+    # (mem, room, graphs' memory, draft tokens) of the boots that logged their memory
+    logged = [(o.mem, o.room, o.graph, o.draft) for o in obs
               if o.feasible and o.mem is not None and o.room is not None and o.room >= 0]
-    upper = [(m + r, n) for m, r, _, n, _ in logged]
-    graphs = [(m, r, g, n, p) for m, r, g, n, p in logged if g is not None and g > 0 and n > 0]
-    lower = [(m + r - g, n) for m, r, g, n, _ in graphs if r > g]
-    close = [(m + r - PEAK_MARGIN * g, n) for m, r, g, n, p in graphs
-             if p and r > PEAK_MARGIN * g]
-    slopes = _slopes([(n, g) for _, _, g, n, _ in graphs])
+    upper = [(m + r, n) for m, r, _, n in logged]
+    graphs = [(m, r, g, n) for m, r, g, n in logged if g is not None and g > 0 and n > 0]
+    lower = [(m + r - g, n) for m, r, g, n in graphs if r > g]
+    slopes = _slopes([(n, g) for _, _, g, n in graphs])
     tries = [(oom + upper, ran + lower, slopes), (oom + upper, ran, None)] if upper else []
-    if close:
-        tries.insert(0, (oom + upper, ran + close, _peak_slopes(obs, slopes)))
-    for above, below, band in [*tries, (oom, ran, None)]:
-        if above and (fit := _fit(above, below, band)) is not None:
+    for above, below, slopes in [*tries, (oom, ran, None)]:
+        if above and (fit := _fit(above, below, slopes)) is not None:
             return fit
     return None
-
-
-def _peak_slopes(obs: Sequence[TrialObs], graphs: tuple[float, float] | None
-                 ) -> tuple[float, float] | None:
-    """(least, steepest) slope where the captures' progress showed what they took at their most
-    (`TrialObs.capture` c): the need grows per draft token by at most c / n (it takes no less
-    than nothing at no draft token), and by at least as the graphs' memory does (`graphs`'s
-    least); None without such a boot."""
-    caps = [o.capture / o.draft for o in obs
-            if o.feasible and o.capture is not None and o.capture > 0 and o.draft > 0]
-    if not caps:
-        return None
-    steepest = min(caps)
-    least = graphs[0] if graphs is not None and graphs[0] <= steepest else 0.0
-    return least, steepest
 
 
 def _slopes(graphs: Sequence[tuple[int, float]]) -> tuple[float, float] | None:

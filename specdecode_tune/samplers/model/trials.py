@@ -40,8 +40,6 @@ class TrialObs:
     room: float | None = None      # how far mem could rise before this boot ran out of memory,
                                    # at most (the engine's memory lines; booted trials only)
     graph: float | None = None     # what its CUDA graphs kept, likewise (the same units)
-    peak: float | None = None      # its least free memory while capturing, likewise
-    capture: float | None = None   # what its captures took at their most, likewise
 
     @property
     def key(self) -> tuple:
@@ -68,8 +66,6 @@ class TrialObs:
             levels=tuple(sorted(measured.levels, key=lambda lv: lv.concurrency)),
             room=measured.room if measured.feasible else None,
             graph=measured.graph if measured.feasible else None,
-            peak=measured.peak if measured.feasible else None,
-            capture=measured.capture if measured.feasible else None,
         )
 
 
