@@ -56,7 +56,7 @@ from .failurepatterns import FailurePatterns
 from .files import LocalFile
 from .sglang import flag_args, get_json
 from .streamformat import StreamFormat
-from .tokenize import LLAMA_SERVER, TokenizeEndpoint
+from .tokenize_endpoint import LLAMA_SERVER, TokenizeEndpoint
 
 METRICS_PREFIX = "llamacpp:"
 LLAMA_DEFAULT_NGRAM_N = 12        # llama.cpp's default lookup length (common.h)
@@ -121,7 +121,7 @@ class LlamaCppBackend:
     # The final chunk's `timings` (beside `usage`) holds the request's draft counters.
     stream_format: ClassVar[StreamFormat] = StreamFormat(
         side_objects=("timings",), accepted=("draft_n_accepted",), drafted=("draft_n",))
-    # POST /tokenize: a ShareGPT sample's lengths in the model's tokens (backends/tokenize.py)
+    # POST /tokenize: a ShareGPT sample's lengths in the model's tokens (tokenize_endpoint.py)
     tokenize: ClassVar[TokenizeEndpoint | None] = LLAMA_SERVER
 
     def program(self, cfg: BackendConfig) -> str:

@@ -33,8 +33,9 @@ import os
 import sys
 
 # Run by its path, this file's folder comes first on sys.path, and it holds the backend's own
-# modules: `sglang.py` would hide SGLang, `tokenize.py` the standard library's (which
-# `traceback` imports, through `linecache`). Out before anything else is imported.
+# modules: `sglang.py` would hide SGLang (and a module named as one of the standard library's
+# would hide it: `tokenize.py` once did, which `traceback` imports through `linecache`; it is
+# `tokenize_endpoint.py` now). Out before anything else is imported.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 

@@ -52,7 +52,7 @@ from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
 from .streamformat import StreamFormat
-from .tokenize import VLLM, TokenizeEndpoint
+from .tokenize_endpoint import VLLM, TokenizeEndpoint
 
 METRICS_PREFIX = "vllm:"
 # Dynamic speculative decoding: `[[start, end, K], ...]` in --speculative-config
@@ -110,7 +110,7 @@ class VLLMBackend:
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     # The OpenAI format alone: vLLM's acceptance comes from /metrics, not from the stream.
     stream_format: ClassVar[StreamFormat] = StreamFormat()
-    # POST /tokenize: a ShareGPT sample's lengths in the model's tokens (backends/tokenize.py)
+    # POST /tokenize: a ShareGPT sample's lengths in the model's tokens (tokenize_endpoint.py)
     tokenize: ClassVar[TokenizeEndpoint | None] = VLLM
 
     def program(self, cfg: BackendConfig) -> str:

@@ -1,10 +1,10 @@
 """Token counts from the server's own tokenizer, for a ShareGPT sample's lengths.
 
 Where the backend declares a tokenize endpoint (a backend's `tokenize`: llama-server's and vLLM's
-`/tokenize`, `backends/tokenize.py`), the trial asks it, once after boot, for the token count of
-each sampled prompt and reply; the levels then ask each request for its reply's length as the
-server counts it, and the sample's length filters are applied again to those counts. Where the
-backend has none (SGLang, the simulator) the sample's own counts stand (the model's local
+`/tokenize`, `backends/tokenize_endpoint.py`), the trial asks it, once after boot, for the token
+count of each sampled prompt and reply; the levels then ask each request for its reply's length
+as the server counts it, and the sample's length filters are applied again to those counts.
+Where the backend has none (SGLang, the simulator) the sample's own counts stand (the model's local
 tokenizer, or the stated approximation; `config.sharegpt`).
 """
 
@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from ..backends.tokenize import TokenizeEndpoint
+from ..backends.tokenize_endpoint import TokenizeEndpoint
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

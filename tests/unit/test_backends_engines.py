@@ -378,16 +378,16 @@ def test_the_argcheck_answers_without_sglang(tmp_path: Path) -> None:
     answer = json.loads(out.stdout.splitlines()[-1])
     assert answer["sglang"] is None and "cases" not in answer
     # sglang is missing here, and nothing else failed first: the script's own folder (the
-    # backend's sglang.py, tokenize.py) is not on its path (on Python 3.11 `traceback` loads
-    # `tokenize` at import: the contract tests hold that in the SGLang venv)
+    # backend's sglang.py) is not on its path (the contract tests hold that in the SGLang venv)
     assert answer["error"].startswith("PackageNotFoundError") or \
         answer["error"] == "ModuleNotFoundError: No module named 'sglang'", answer["error"]
 
 
 def test_the_argcheck_leaves_its_folder_off_sys_path_before_it_imports_anything() -> None:
-    """The folder holds the backend's sglang.py and tokenize.py; any import before the strip
-    may load one of them instead of SGLang's or the standard library's (it did: `traceback`
-    loads `tokenize` at import on Python 3.11). Held on the source, so on every Python."""
+    """The folder holds the backend's sglang.py; any import before the strip may load it, or
+    another of the backend's modules, instead of SGLang's or the standard library's (it did,
+    when a module was named tokenize.py: `traceback` loads `tokenize` at import on Python 3.11).
+    Held on the source, so on every Python."""
     import ast
     tree = ast.parse(Path(sglang.ARGCHECK).read_text())
     strip = next((i for i, node in enumerate(tree.body) if isinstance(node, ast.Assign)
