@@ -82,6 +82,12 @@ class Backend(Protocol):
         """What to set in the experiment for an argument refusal the server gives every point
         ('' where this engine knows no remedy for it)."""
 
+    def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
+                        config_path: str) -> tuple[dict[str, Any] | None, str]:
+        """(the server's settings that boot a per-batch-size steps schedule read from the file
+        at `config_path`, '') where this engine and release boot one from such a file, else
+        (None, why not: one line)."""
+
     def memory_facts(self, log_text: str) -> dict[str, float]:
         """From the boot's log, records.MEMORY_ROOM and GRAPH_MEMORY (shares of the memory the
         static pool is sized against): the free memory after the last CUDA graph capture and

@@ -226,6 +226,12 @@ class LlamaCppBackend:
     def refusal_advice(self, message: str) -> str:
         return ""
 
+    def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
+                        config_path: str) -> tuple[dict[str, Any] | None, str]:
+        return None, ("llama.cpp has no per-batch-size draft schedule: only SGLang's adaptive mode "
+                      "(and the simulator's copy of it) boots from a schedule file; the report "
+                      "writes the formats unvalidated")
+
     def memory_facts(self, log_text: str) -> dict[str, float]:
         return {}       # llama.cpp has no memory fraction to tune
 

@@ -428,10 +428,10 @@ class SGLangBackend:
             return cfg.python
         return sys.executable if installed_version() is not None else None
 
-    def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
-                         config_path: str) -> tuple[str | None, str]:
-        """(the launch command of a per-batch-size steps schedule read from `config_path`,
-        '') for a release that takes one, else (None, which release it needs and why)."""
+    def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
+                        config_path: str) -> tuple[dict[str, Any] | None, str]:
+        """({**params, adaptive mode on with the per-batch-size file at `config_path`}, '')
+        for a release that reads that file, else (None, which release it needs and why)."""
         version, origin = self.engine_version(cfg)
         if not at_least(version, ADAPTIVE_PER_BATCH_SIZE_SINCE):
             flags = ("has no --speculative-adaptive / --speculative-adaptive-config (they come "
@@ -440,7 +440,14 @@ class SGLangBackend:
             return None, (f"No SGLang schedule command: SGLang {version} ({origin}) {flags}; "
                           f"the per-batch-size file written here needs SGLang >= "
                           f"{ADAPTIVE_PER_BATCH_SIZE_SINCE}.")
-        return self.launch_command(cfg, {**params, **self.adaptive_flags(config_path)}), ""
+        return {**params, **self.adaptive_flags(config_path)}, ""
+
+    def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
+                         config_path: str) -> tuple[str | None, str]:
+        """(the launch command of a per-batch-size steps schedule read from `config_path`,
+        '') for a release that takes one, else (None, which release it needs and why)."""
+        settings, why = self.schedule_params(cfg, params, config_path)
+        return (None, why) if settings is None else (self.launch_command(cfg, settings), "")
 
     @staticmethod
     def adaptive_flags(config_path: str) -> dict[str, Any]:

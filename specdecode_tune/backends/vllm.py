@@ -207,6 +207,12 @@ class VLLMBackend:
     def refusal_advice(self, message: str) -> str:
         return ""
 
+    def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
+                        config_path: str) -> tuple[dict[str, Any] | None, str]:
+        return None, ("vLLM's per-batch-size K (in --speculative-config) is not booted by this "
+                      "search: only SGLang's adaptive mode (and the simulator's copy of it) boots "
+                      "from a schedule file; the report writes the formats unvalidated")
+
     def memory_facts(self, log_text: str) -> dict[str, float]:
         # vLLM sizes its KV cache from a profiled peak (gpu_memory_utilization), not a static
         # share of the free memory: SGLang's reading of a room does not carry over.

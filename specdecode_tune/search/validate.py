@@ -9,10 +9,10 @@ config's steps in one slot ("schedule-same"): the cost of the mode itself agains
 static server. Both run as Ray tasks on a trial's resources, as the baseline does. The report
 (`report/validation.py`) sets them against the static and per-level configs.
 
-What cannot boot a schedule is said in one line and costs no boot: a backend that is not
-SGLang's (or the simulator standing in for it), an SGLang release without the per-batch-size
-format (the backend's `schedule_command` says which release has it), no level best with
-speculation.
+What cannot boot a schedule is said in one line and costs no boot: a backend whose engine does
+not boot one from a file (only SGLang's adaptive mode, and the simulator's copy of it, do), an
+SGLang release without the per-batch-size format (the backend's `schedule_params` says which,
+and which release has it), no level best with speculation.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import os
 import time
 from typing import Any
 
-from ..backends import get_backend
-from ..backends.sglang import SGLangBackend
+from ..backends import Backend, get_backend
 from ..config import Experiment
 from ..objective import scalar_score
 from ..records import TrialResult
@@ -40,11 +39,16 @@ SAME_ID = "schedule-same"
 SCHEDULE_DIR = "schedule"
 
 
-def adaptive_params(base: dict[str, Any], first: int, config_path: str) -> dict[str, Any]:
+def schedule_trial_params(backend: Backend, exp: Experiment, base: dict[str, Any], first: int,
+                          config_path: str) -> dict[str, Any]:
     """The server's settings for a schedule file: a chain whose steps are a candidate, with
-    the backend's adaptive-mode flags."""
-    return {**base, STEPS: first, TOPK: 1, DRAFT: first + 1,
-            **SGLangBackend.adaptive_flags(config_path)}
+    the backend's settings for its per-batch-size mode (`Backend.schedule_params`)."""
+    chain = {k: v for k, v in base.items() if k not in (STEPS, TOPK, DRAFT)}
+    settings, why = backend.schedule_params(
+        exp.backend, {**chain, STEPS: first, TOPK: 1, DRAFT: first + 1}, config_path)
+    if settings is None:
+        raise ValueError(why)       # plan_validation asked the backend first
+    return settings
 
 
 def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], str]:
@@ -55,33 +59,28 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
 
     exp = plan.exp
     backend = get_backend(exp.backend.kind)
-    if not isinstance(backend, SGLangBackend):
-        return [], (f"schedule validation: the {exp.backend.kind} backend's per-batch-size "
-                    f"mode is not booted by this search (SGLang's adaptive mode and the "
-                    f"simulator's copy of it are); the report writes its formats unvalidated")
+    # Whether this engine and release boot a schedule file at all: asked before the run is read.
+    _, why = backend.schedule_params(exp.backend, {}, "x.json")
+    if why:
+        return [], f"schedule validation: not booted. {why}"
     data = read_run(plan.run_dir, exp)
     sched = recommend.schedule(data)
     if sched.sglang is None or sched.params is None:
         return [], "schedule validation: no schedule to boot (no level is best with speculation)"
-    _, why = backend.schedule_command(exp.backend, sched.params, "x.json")
-    if why:
-        return [], f"schedule validation: not booted. {why}"
     folder = os.path.join(str(plan.local_dir), SCHEDULE_DIR)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, recommend.SGLANG_SCHEDULE_FILE)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(sched.sglang, f)
     first = int(sched.params[STEPS])
-    trials = [(SCHEDULE_ID, adaptive_params(
-        {k: v for k, v in sched.params.items() if k not in (STEPS, TOPK, DRAFT)}, first, path))]
+    trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp, sched.params, first, path))]
     best = data.best
     steps = int(best.param(STEPS) or 0) if best is not None else 0
     if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
         same = os.path.join(folder, "sglang-adaptive-config-same-steps.json")
         with open(same, "w", encoding="utf-8") as f:
             json.dump(formats.sglang_config([(1, steps)]), f)
-        base = {k: v for k, v in best.params.items() if k not in (STEPS, TOPK, DRAFT)}
-        trials.append((SAME_ID, adaptive_params(base, steps, same)))
+        trials.append((SAME_ID, schedule_trial_params(backend, exp, best.params, steps, same)))
     return trials, ""
 
 
@@ -132,4 +131,4 @@ def _validation_task(exp: Experiment, run_dir: str, local_dir: str, trial_id: st
     return result
 
 
-__all__ = ["SAME_ID", "SCHEDULE_ID", "adaptive_params", "plan_validation", "run_validation"]
+__all__ = ["SAME_ID", "SCHEDULE_ID", "plan_validation", "run_validation", "schedule_trial_params"]

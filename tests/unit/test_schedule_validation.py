@@ -125,3 +125,30 @@ def test_the_validation_boots_the_emitted_file_and_the_same_steps_mode(tmp_path:
     # A release without the per-batch-size format: no boot, and which release it needs.
     trials, why = plan_validation(_plan(tmp_path, "0.5.10.post1"))
     assert trials == [] and "needs SGLang >= 0.5.13" in why
+
+
+def test_only_sglangs_backends_boot_a_schedule_file_and_say_so_otherwise(tmp_path: Path) -> None:
+    """The search asks the backend (`schedule_params`), not the backend's class: SGLang's and the
+    simulator's give the adaptive-mode settings for a release that reads the per-batch-size
+    file; vLLM's and llama.cpp's say in one line why they boot none, and plan_validation stops
+    there without reading the run (an empty run dir here)."""
+    from specdecode_tune.backends import BACKENDS, get_backend
+    from specdecode_tune.search.validate import plan_validation
+
+    sglang_plan = _plan(tmp_path, "0.5.13")
+    for kind in BACKENDS:
+        settings, why = get_backend(kind).schedule_params(
+            sglang_plan.exp.backend, {"speculative_num_steps": 3}, "/x/s.json")
+        if kind in ("sglang", "sim"):
+            assert why == "" and settings == {"speculative_num_steps": 3,
+                                              "speculative_adaptive": True,
+                                              "speculative_adaptive_config": "/x/s.json"}
+        else:
+            assert settings is None and "only SGLang's adaptive mode" in why, kind
+            assert "\n" not in why
+    empty = tmp_path / "other"
+    empty.mkdir()
+    plan = _plan(empty, "0.5.13")
+    object.__setattr__(plan.exp.backend, "kind", "vllm")
+    trials, why = plan_validation(plan)
+    assert trials == [] and why.startswith("schedule validation: not booted. vLLM's")
