@@ -211,7 +211,7 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
     if exp.objective.kind == "schedule" and not stopped_early(plan):
         # The emitted schedule booted once, every level measured (search/validate.py).
         run_validation(plan)
-    stopped = print_summary(plan, time.monotonic() - t0)
+    stopped = print_summary(plan, time.monotonic() - t0, max_trials)
     if stopped:
         print(f"error: {stopped}; fix that, then start over with --fresh", file=sys.stderr)
         return 1

@@ -17,8 +17,9 @@ from .searcher import SKIPPED_ATTR, STOP_ATTR, FailureStreak
 from .validate import SAME_ID, SCHEDULE_ID
 
 
-def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
-    """Print the closing lines; returns why the search stopped early, or None."""
+def print_summary(plan: RunPlan, elapsed_s: float, max_trials: int | None = None) -> str | None:
+    """Print the closing lines; returns why the search stopped early, or None. `max_trials`:
+    the cap this driver ran under (--max-trials, else the experiment's)."""
     stopped = stopped_early(plan)
     say("")
     say(f"search finished in {elapsed_s:.0f}s")
@@ -28,14 +29,16 @@ def print_summary(plan: RunPlan, elapsed_s: float) -> str | None:
     report(plan)
     say(f"tables: {plan.run_dir}/{rundir.TABLES_DIR} (Parquet: requests, levels, trials); "
         f"Optuna study: {rundir.journal_file(plan.local_dir)}")
-    for line in why_stopped(plan, stopped):
+    for line in why_stopped(plan, stopped, max_trials):
         say(line)
     return stopped
 
 
-def why_stopped(plan: RunPlan, stopped: str | None) -> list[str]:
+def why_stopped(plan: RunPlan, stopped: str | None, max_trials: int | None = None
+                ) -> list[str]:
     """The last lines: why the search stopped (the stop rule's reason, read from the study,
-    else the cap), and the boots the KV gate did not make."""
+    else the cap: `max_trials`, else the experiment's), and the boots the KV gate did not
+    make."""
     if stopped:
         return [f"stopped: {stopped}"]
     attrs = study_attrs(plan)
@@ -48,8 +51,11 @@ def why_stopped(plan: RunPlan, stopped: str | None) -> list[str]:
     if reason:
         lines.append(f"stopped: {reason}; then the re-measurements")
     else:
-        lines.append(f"stopped: the trial cap (max_trials = {plan.exp.search.max_trials}, or "
-                     f"--max-trials) was reached, then the re-measurements")
+        cap = max_trials or plan.exp.search.max_trials
+        where = ("--max-trials" if cap != plan.exp.search.max_trials
+                 else "the experiment's max_trials")
+        lines.append(f"stopped: the trial cap ({cap} points, {where}) was reached, then the "
+                     f"re-measurements")
     return lines
 
 
