@@ -13,7 +13,7 @@ from ..objective import pct
 from ..space import STEPS
 from . import predictions, validation
 from . import render as r
-from .data import RunData, band_pct, fmt_value
+from .data import Config, RunData, band_pct, fmt_value
 from .figures import Figure
 from .recommend import (
     SGLANG_SCHEDULE_FILE,
@@ -40,6 +40,13 @@ def _x(ratio: float | None) -> str:
 
 def _tok(v: float | None) -> str:
     return f"{v:.1f}" if v is not None else "-"
+
+
+def _plateau_why(cf: Config) -> str:
+    """Why the plateau question booted this configuration: its jump, or a jump's bracket."""
+    if cf.jump_reason:
+        return f"jump: {cf.jump_reason}"
+    return cf.bracket_reason or ""
 
 
 def _counts(data: RunData) -> str:
@@ -256,13 +263,13 @@ def _trial_blocks(data: RunData) -> list[r.Block]:
     out.append(r.Heading(3, "Configurations, best first"))
     if data.configs:
         head = ("#", "config", "n", "score (median)", "median - MAD") + tuple(
-            f"C={c} tok/s" for c in data.levels) + ("plateau jump",)
+            f"C={c} tok/s" for c in data.levels) + ("plateau question (why it was booted)",)
         rows = []
         for i, cf in enumerate(data.configs, start=1):
             rows.append((str(i), data.label(cf.params), str(cf.n), f"{cf.robust.median:+.3f}",
                          f"{cf.robust.score:+.3f}")
                         + tuple(_tok(cf.tok_s(c)) for c in data.levels)
-                        + (cf.jump_reason or "",))
+                        + (_plateau_why(cf),))
         out.append(r.Table(head, tuple(rows)))
     else:
         out.append(r.Para("None."))

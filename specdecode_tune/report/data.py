@@ -78,6 +78,7 @@ class Trial:
     suspect_why: str
     score: float | None               # vs the baseline; None when a weighted level is missing
     jump_reason: str | None           # set when the plateau sampler proposed it as a jump
+    bracket_reason: str | None        # set when the hybrid booted it as a jump's bracket
     order: int                        # completion order among all trials, 0-based
     finished_at: datetime | None
 
@@ -111,6 +112,10 @@ class Config:
     @property
     def jump_reason(self) -> str | None:
         return next((t.jump_reason for t in self.trials if t.jump_reason), None)
+
+    @property
+    def bracket_reason(self) -> str | None:
+        return next((t.bracket_reason for t in self.trials if t.bracket_reason), None)
 
     @property
     def jump_level(self) -> int | None:
@@ -277,6 +282,7 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                     "suspect": suspect,
                     "suspect_why": _suspect_why(bool(row["suspect"]), lv) if suspect else "",
                     "table_score": row["score"], "jump_reason": row["jump_reason"] or None,
+                    "bracket_reason": row.get("bracket_reason") or None,
                     "order": order, "finished_at": row["finished_at"]})
 
     base_rows = [r for r in raw if (r["trial_id"] == BASELINE_ID or is_baseline(r["params"]))

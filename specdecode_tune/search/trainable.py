@@ -32,7 +32,14 @@ from ..store import rundir
 from ..store.codec import read_checkpoint, write_checkpoint
 from ..trial import TrialContext, record_trial, run_trial
 from .ray_cluster import node_id
-from .searcher import INFEASIBLE_SCORE, JUMP_KEY, MEASURED_KEY, REPEAT_KEY, SAMPLER_KEY
+from .searcher import (
+    BRACKET_KEY,
+    INFEASIBLE_SCORE,
+    JUMP_KEY,
+    MEASURED_KEY,
+    REPEAT_KEY,
+    SAMPLER_KEY,
+)
 from .stopping import PREDICTED_KEY
 
 
@@ -94,7 +101,7 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
     # The trials table's score: the scalar score (None for Pareto objectives and failures).
     record_trial(trial_ctx, result, started_at=started_at, extra={
         "score": value if isinstance(value, float) else None,
-        "jump_reason": config.get(JUMP_KEY),
+        "jump_reason": config.get(JUMP_KEY), "bracket_reason": config.get(BRACKET_KEY),
         "sampler": config.get(SAMPLER_KEY, exp.search.sampler), "node_id": node_id(),
         "predicted": config.get(PREDICTED_KEY)})
     tune.report(final_result(exp, result, feasible, value))

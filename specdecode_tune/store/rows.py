@@ -134,6 +134,7 @@ def trials_table(result: TrialResult, *, extra: Mapping[str, Any] | None = None)
         if facts.extra else None,
         "score": None if score is None else float(score),
         "jump_reason": extra.get("jump_reason"),
+        "bracket_reason": extra.get("bracket_reason"),
         "sampler": extra.get("sampler"),
         # The trial writes its own row, so by default the host writing is the host that ran it.
         "node": extra["node"] if "node" in extra else socket.gethostname(),

@@ -104,6 +104,7 @@ TRIALS_SCHEMA = _schema(KEY_FIELDS + [
     _f("facts_json", pa.string()),        # ServerFacts.extra: what else the server said
     _f("score", pa.float64()),
     _f("jump_reason", pa.string()),       # set by the search's plateau-escape sampler
+    _f("bracket_reason", pa.string()),    # set when the hybrid booted a jump's bracket
     _f("sampler", pa.string()),
     _f("node", pa.string()),              # host name where the trial ran
     _f("node_id", pa.string()),           # Ray node id (tells raylets on one host apart)
@@ -166,5 +167,5 @@ SORT_KEYS: dict[str, list[tuple[str, str]]] = {
 }
 
 # Keys `write_trial(extra=...)` accepts: what the search knows and the trial result does not.
-TRIAL_EXTRA_KEYS = ("score", "jump_reason", "sampler", "node", "node_id", "started_at",
-                    "finished_at", "predicted")
+TRIAL_EXTRA_KEYS = ("score", "jump_reason", "bracket_reason", "sampler", "node", "node_id",
+                    "started_at", "finished_at", "predicted")

@@ -87,6 +87,7 @@ class Run:
     def add(self, trial_id: str, sampled: dict[str, Any], tok: dict[int, float] | None,
             *, status: str = "ok", reason: str = "", repeat: int = 0, suspect: bool = False,
             level_suspect: tuple[int, ...] = (), jump: str | None = None,
+            bracket: str | None = None,
             mrr: int | None = None, score: float | None = None,
             predicted: dict[str, Any] | None = None) -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
@@ -105,7 +106,8 @@ class Run:
                              levels=tuple(levels), repeat=repeat, suspect=suspect)
         self.n += 1
         results.write_trial(self.path, result, extra={
-            "jump_reason": jump, "finished_at": 1_700_000_000 + self.n, "node": "test",
+            "jump_reason": jump, "bracket_reason": bracket,
+            "finished_at": 1_700_000_000 + self.n, "node": "test",
             "score": score, "predicted": None if predicted is None else json.dumps(predicted)})
 
 
@@ -169,6 +171,28 @@ def test_plateau_escaped_by_a_jump(tmp_path: Path) -> None:
 
 LEVEL_JUMP = ("plateau at C=1 on speculative_num_steps: 4 -> 5 gained +1.8% (noise band "
               "+-2.5%); jumping to 10")
+
+
+def test_the_configurations_table_says_why_the_plateau_question_booted_each_point(
+        tmp_path: Path) -> None:
+    """The jump and its bracket each say why they were booted, in the table of configurations
+    (the trials table's jump_reason and bracket_reason, as the search wrote them)."""
+    run = seed_run(tmp_path)
+    why = ("bracket: the jump on speculative_num_steps to 10 came back no better; "
+           "speculative_num_steps 6..9 is unmeasured between the plateau's edge and the jump")
+    run.add("t07", {"speculative_num_steps": 7}, {1: 270, 16: 700}, bracket=why)
+    data = read_run(str(tmp_path))
+    by_steps = {cf.params["speculative_num_steps"]: cf for cf in data.configs}
+    assert by_steps[7].bracket_reason == why and by_steps[7].jump_reason is None
+    assert by_steps[10].bracket_reason is None
+    md = Path(write_report(str(tmp_path)).path).read_text()
+    rows = {line.split("|")[2].split()[0]: line for line in md.splitlines()
+            if line.startswith("| ") and "topk=" in line.split("|")[2]}
+    assert "plateau question (why it was booted)" in md
+    assert rows["steps=10"].rstrip(" |").endswith(
+        "jump: plateau on speculative_num_steps: 4 -> 5 gained +1.8%; jumping to 10")
+    assert rows["steps=7"].rstrip(" |").endswith(why)
+    assert not rows["steps=4"].rstrip(" |").endswith(("jump", "bracket"))
 
 
 def test_a_probe_of_one_levels_plateau_names_the_level(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_schema_column_types() -> None:
         assert schema.field("mem_fraction_static").type == pa.float64()
     assert TRIALS_SCHEMA.field("started_at").type == pa.timestamp("us", tz="UTC")
     assert TRIALS_SCHEMA.field("gpu_ids").type == pa.list_(pa.string())
-    for name in ("score", "jump_reason", "sampler", "node"):
+    for name in ("score", "jump_reason", "bracket_reason", "sampler", "node"):
         assert TRIALS_SCHEMA.field(name).nullable
     for schema in (REQUESTS_SCHEMA, LEVELS_SCHEMA, TRIALS_SCHEMA):
         assert schema.names[:3] == ["trial_id", "config_key", "repeat"]
@@ -110,6 +110,7 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path: Path) -> None:
     started = datetime(2026, 11, 29, 10, 0, 0, 123456, tzinfo=UTC)
     write_trial(tmp_path, trial(levels=(l8, l16)),
                 extra={"score": 341.3, "jump_reason": "plateau: steps 6->10", "sampler": "pe",
+                       "bracket_reason": "bracket: steps 8",
                        "node": "gpu-7", "started_at": started,
                        "finished_at": started + timedelta(seconds=400)})
 
@@ -130,6 +131,7 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path: Path) -> None:
     assert (row["speculative_num_steps"], row["speculative_eagle_topk"],
             row["speculative_num_draft_tokens"], row["mem_fraction_static"]) == (4, 1, 5, 0.82)
     assert row["score"] == 341.3 and row["jump_reason"] == "plateau: steps 6->10"
+    assert row["bracket_reason"] == "bracket: steps 8"
     assert (row["sampler"], row["node"], row["n_levels"]) == ("pe", "gpu-7", 2)
     assert row["started_at"] == started
     assert row["finished_at"] == started + timedelta(seconds=400)

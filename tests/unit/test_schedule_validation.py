@@ -152,3 +152,4 @@ def test_only_sglangs_backends_boot_a_schedule_file_and_say_so_otherwise(tmp_pat
     object.__setattr__(plan.exp.backend, "kind", "vllm")
     trials, why = plan_validation(plan)
     assert trials == [] and why.startswith("schedule validation: not booted. vLLM's")
+
