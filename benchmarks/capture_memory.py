@@ -25,8 +25,9 @@ less true room, over the graphs' memory: the model assumes at most 1; the simula
 SGLang's own batch-size list under speculative decoding instead of powers of two.
 
 Run on one H200 (torch 2.11, 2026-12-05; docs/engines-sglang.md section 6b has the table):
-powers of two, 2/4/8/16 tokens: warm-up over graphs 0.22/0.26/0.36/0.42, the least progress
-reading 2 MB above the end reading, both above the true room; 52 probes in 198 s.
+powers of two, 2/4/8/16 tokens: warm-up over graphs 0.22/0.26/0.36/0.42 (198 s);
+`--capture-bs sglang-spec`: 0.33/0.48/0.69/0.79 (two calls of 133 s, 2 counts each); the
+least progress reading at most 2 MB above the end reading, both above the true room.
 """
 
 from __future__ import annotations

@@ -87,10 +87,12 @@ class Memory:
     # warm-up passes before each capture) and frees before SGLang reads the free memory it
     # logs after the capture ("Capture cuda graph end. ... mem usage=K GB. avail mem=X GB"):
     # the OOM rule checks the whole need, the log shows what stays, so the logged room
-    # overstates the real one, as a real server's does. 0.25 overstates it by 0.33 of the
-    # graphs' memory; a stand-in capture in SGLang's pattern on an H200 measured 0.22-0.42
-    # (docs/engines-sglang.md section 6b): not calibrated on SGLang itself.
-    capture_transient_share: float = field(default=0.25, metadata=_rule(ge=0, lt=1))
+    # overstates the real one, as a real server's does, by s / (1 - s) of what the graphs keep.
+    # 0.49 (0.97): a stand-in capture on an H200 with SGLang's own batch-size list overstated
+    # it by 0.97 of the graphs' per-token part (the second-largest batch's warm-up; powers of
+    # two: 0.5), and these graphs have no fixed part (docs/engines-sglang.md section 6b). Not
+    # calibrated on SGLang itself.
+    capture_transient_share: float = field(default=0.49, metadata=_rule(ge=0, lt=1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -702,3 +702,19 @@ def test_a_refusal_that_contradicts_the_logged_lower_bounds_drops_them() -> None
     assert fit is not None
     assert fit.p_feasible(0.90, 4) == 0.0 and fit.p_feasible(0.935, 4) == 0.0
     assert 0.0 < fit.p_feasible(0.875, 4) < 1.0
+
+
+def test_the_slopes_the_logged_graphs_allow_are_spread_evenly_across_their_band() -> None:
+    """One boot that logged its room and graphs bounds the slope to [0, 2 g / n]; its steep
+    half, where a capture with a large warm-up puts the boundary (SGLang's own batch sizes,
+    docs/engines-sglang.md 6b), holds half the slopes (the log-spaced grid for refusals alone
+    put a seventh there)."""
+    from specdecode_tune.samplers.model.oom import fit_oom
+    from specdecode_tune.samplers.model.trials import TrialObs
+
+    boot = TrialObs(4, 1, 5, 0.85, True, None, None, None, (), room=0.0725, graph=0.0191)
+    fit = fit_oom([boot])
+    assert fit is not None
+    steepest = 2 * 0.0191 / 5
+    assert fit.beta.max() == pytest.approx(steepest)
+    assert np.mean(fit.beta > steepest / 2) == pytest.approx(0.5, abs=0.05)

@@ -149,7 +149,7 @@ def test_the_capture_transient_share_is_optional_and_checked() -> None:
     where one sets it, and one error line for a share outside [0, 1)."""
     data = seed_dict()
     data["memory"].pop("capture_transient_share", None)
-    assert profile_from_dict(data).memory.capture_transient_share == 0.25
+    assert profile_from_dict(data).memory.capture_transient_share == 0.49
     data["memory"]["capture_transient_share"] = 0.4
     assert profile_from_dict(data).memory.capture_transient_share == 0.4
     data["memory"]["capture_transient_share"] = 1.0
