@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from ..backends import Backend, get_backend
-from ..config import Experiment
+from ..config import BackendConfig, Experiment
 from ..objective import scalar_score
 from ..records import TrialResult
 from ..space import DRAFT, STEPS, TOPK
@@ -39,13 +39,13 @@ SAME_ID = "schedule-same"
 SCHEDULE_DIR = "schedule"
 
 
-def schedule_trial_params(backend: Backend, exp: Experiment, base: dict[str, Any], first: int,
-                          config_path: str) -> dict[str, Any]:
+def schedule_trial_params(backend: Backend, cfg: BackendConfig, base: dict[str, Any],
+                          first: int, config_path: str) -> dict[str, Any]:
     """The server's settings for a schedule file: a chain whose steps are a candidate, with
     the backend's settings for its per-batch-size mode (`Backend.schedule_params`)."""
     chain = {k: v for k, v in base.items() if k not in (STEPS, TOPK, DRAFT)}
     settings, why = backend.schedule_params(
-        exp.backend, {**chain, STEPS: first, TOPK: 1, DRAFT: first + 1}, config_path)
+        cfg, {**chain, STEPS: first, TOPK: 1, DRAFT: first + 1}, config_path)
     if settings is None:
         raise ValueError(why)       # plan_validation asked the backend first
     return settings
@@ -73,14 +73,15 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     with open(path, "w", encoding="utf-8") as f:
         json.dump(sched.sglang, f)
     first = int(sched.params[STEPS])
-    trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp, sched.params, first, path))]
+    trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp.backend, sched.params, first, path))]
     best = data.best
     steps = int(best.param(STEPS) or 0) if best is not None else 0
     if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
         same = os.path.join(folder, "sglang-adaptive-config-same-steps.json")
         with open(same, "w", encoding="utf-8") as f:
             json.dump(formats.sglang_config([(1, steps)]), f)
-        trials.append((SAME_ID, schedule_trial_params(backend, exp, best.params, steps, same)))
+        trials.append((SAME_ID, schedule_trial_params(backend, exp.backend, best.params, steps,
+                                                      same)))
     return trials, ""
 
 

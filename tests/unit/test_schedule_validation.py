@@ -132,6 +132,8 @@ def test_only_sglangs_backends_boot_a_schedule_file_and_say_so_otherwise(tmp_pat
     simulator's give the adaptive-mode settings for a release that reads the per-batch-size
     file; vLLM's and llama.cpp's say in one line why they boot none, and plan_validation stops
     there without reading the run (an empty run dir here)."""
+    import dataclasses
+
     from specdecode_tune.backends import BACKENDS, get_backend
     from specdecode_tune.search.validate import plan_validation
 
@@ -149,7 +151,8 @@ def test_only_sglangs_backends_boot_a_schedule_file_and_say_so_otherwise(tmp_pat
     empty = tmp_path / "other"
     empty.mkdir()
     plan = _plan(empty, "0.5.13")
-    object.__setattr__(plan.exp.backend, "kind", "vllm")
-    trials, why = plan_validation(plan)
+    vllm = dataclasses.replace(plan.exp, backend=dataclasses.replace(plan.exp.backend,
+                                                                     kind="vllm"))
+    trials, why = plan_validation(dataclasses.replace(plan, exp=vllm))
     assert trials == [] and why.startswith("schedule validation: not booted. vLLM's")
 

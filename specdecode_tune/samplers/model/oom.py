@@ -26,12 +26,10 @@ pattern, not SGLang itself: the warm-up took 0.33-0.79 of the graphs' memory wit
 batch sizes, the need grew 1.97 times as fast as the graphs; docs/engines-sglang.md section
 6b): where a refusal contradicts them they are dropped, then the upper bounds if they too
 contradict the refusals (another process took memory between boots), and the refusals alone
-bound the line. Within a band from the logged graphs the slopes are spread evenly across it:
-the log-spaced grid (for refusals alone, where the slope is unknown by decades) put little
-weight on the band's steep end, where SGLang's own batch sizes put the truth (a larger warm-up
-makes the boundary both lower and steeper), and that cost refused boots (bench-noisy at the
-simulator's calibrated warm-up: 2 refused in 5 of 10 seeds; evenly spread, in 1 of 10, a KV-pool
-refusal; docs/search-efficiency.md).
+bound the line. Within a band from the logged graphs the slopes are spread evenly across it;
+the log-spaced grid (for refusals alone, where the slope is unknown by decades) weighted the
+band's steep end least, where a large warm-up puts the truth (docs/search-efficiency.md has
+the figures).
 Over a grid of slopes beta, each consistent slope has an interval of alpha. A point is refused
 in a draw when it lies above the drawn line; where every consistent line says so, the refusal
 is certain (p_feasible 0). With neither a refusal nor a logged room nothing bounds the line from
@@ -54,6 +52,8 @@ from .trials import TrialObs
 # on the log of the slope (real servers' graph buffers cost a few hundred MB per draft token
 # on a 80-140 GB GPU, 0.002-0.01), so a small slope is as likely as a large one per decade.
 SLOPES = np.concatenate([[0.0], np.geomspace(1e-4, 0.05, 100)])
+# Within a band the logged graphs allow, slopes spread evenly (ours: a count, not a measurement).
+BAND_SLOPES = 24
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ def fit_oom(obs: Sequence[TrialObs]) -> OOMFit | None:
     lower = [(m + r - g, n) for m, r, g, n in graphs if r > g]
     slopes = _slopes([(n, g) for _, _, g, n in graphs])
     tries = [(oom + upper, ran + lower, slopes), (oom + upper, ran, None)] if upper else []
-    for above, below, slopes in [*tries, (oom, ran, None)]:
-        if above and (fit := _fit(above, below, slopes)) is not None:
+    for above, below, band in [*tries, (oom, ran, None)]:
+        if above and (fit := _fit(above, below, band)) is not None:
             return fit
     return None
 
@@ -125,12 +125,7 @@ def _fit(above: list[tuple[float, int]], ran: list[tuple[float, int]],
          slopes: tuple[float, float] | None = None) -> OOMFit | None:
     """Lines below every `above` point (a refusal, or a ran boot's room) and on or above every
     `ran` point, with a slope within `slopes` (least, steepest) where given."""
-    b = SLOPES
-    if slopes is not None:
-        least, steepest = slopes
-        b = np.linspace(least, steepest, 24)
-    if not len(b):
-        return None
+    b = SLOPES if slopes is None else np.linspace(*slopes, BAND_SLOPES)
     hi = np.min([m + b * n for m, n in above], axis=0)
     lo = np.max([m + b * n for m, n in ran], axis=0) if ran else np.full(b.shape, -np.inf)
     ok = lo < hi + 1e-9         # a room of 0 (a boot on the boundary) leaves one line
