@@ -12,7 +12,7 @@ included). Per search it reports:
   or a proposal answered from data is no boot);
 - refused: boots the server refused at start-up (the truth says infeasible);
 - stopped: by the stop rule (its reason) or at the cap (`max_trials`);
-- picked: the searcher's ranking's first (median with the MAD penalty, as the search's
+- picked: the searcher's ranking's first (median less the shrunk spread, as the search's
   incumbent), and whether its true score is within 2% of the exhaustive optimum.
 """
 
@@ -116,7 +116,7 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         picked = se.key_of(resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
                                    exp.backend.flags))
     true = truth.points[picked].score if picked else -math.inf
-    # Diagnostic only (not what the search picks): the best median, without the MAD penalty.
+    # Diagnostic only (not what the search picks): the best median, without the spread.
     by_median = max(ranked, key=lambda kv: kv[1].median)[0] if ranked else None
     at_median = math.exp(truth.points[se.key_of(resolve(
         {k: v for k, v in searcher.configs[by_median].items() if not k.startswith("_")},
@@ -235,7 +235,7 @@ def report(rows: Sequence[dict[str, Any]], say: Callable[[str], None] = print) -
     if seed:
         n = sum(1 for r in seed if r["at_median"] >= 0.98 - 1e-9)
         say(f"  diagnostic (not the search's pick): ranking by the median alone, without the "
-            f"MAD penalty, would pick within 2% in {n}/{len(seed)} seeds")
+            f"spread, would pick within 2% in {n}/{len(seed)} seeds")
     worst = max((r["refused"] for r in rows), default=0)
     say(f"  target: refused boots per default search <= 1 on every profile: worst {worst}: "
         f"{'MET' if worst <= 1 else 'NOT MET'}")

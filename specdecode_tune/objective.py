@@ -5,10 +5,16 @@ log(output tok/s / the no-speculation baseline's tok/s at the same level). A sco
 baseline; +0.10 is about 10% faster on (weighted geometric) average; differences of scores are
 relative differences, so one noise band in relative terms serves every level.
 
-Repeats of one configuration are summarised robustly, as vLLM's tuner does:
-median - 1.4826 * MAD. The noise band is two pooled standard deviations of the repeats'
-residuals around their medians; a difference inside it is reported "within noise", never as a
-win.
+Repeats of one configuration are summarised robustly, as vLLM's tuner does: the median, less
+a spread (vLLM: 1.4826 * MAD). Here the spread of a configuration is its own 1.4826 * MAD shrunk
+towards the pooled noise (half the band) when the band is known: two or three repeats say little
+about their own spread, and a configuration measured once has no MAD at all, so without the
+shrinkage it would rank with no penalty above every re-measured one (a re-measurement could only
+lower a configuration's rank, and the ranking chased single boots). The pooled noise counts as
+PRIOR_DOF residual degrees of freedom, the configuration's own MAD as n - 1 (the moderated
+variance of empirical Bayes, as limma's). The noise band is two pooled standard deviations of the
+repeats' residuals around their medians; a difference inside it is reported "within noise",
+never as a win.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from .records import LevelSummary
 
 MAD_K = 1.4826          # MAD -> standard deviation for normal noise
+PRIOR_DOF = 3           # residual degrees of freedom the pooled noise counts as in a spread
 RATIO_FLOOR = 0.01      # a level that produced (almost) nothing scores log(0.01), not -inf
 LATENCY_METRICS = ("ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
 
@@ -92,16 +99,24 @@ class Robust:
 
     n: int
     median: float
-    sigma: float        # 1.4826 * MAD
+    sigma: float        # 1.4826 * MAD, shrunk towards the pooled noise when that is given
     score: float        # median - sigma: what ranks configurations
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Robust:
+    def of(cls, values: Sequence[float], band: float | None = None) -> Robust:
+        """`band`: the noise band (two pooled standard deviations); None: the own MAD alone."""
         if not values:
             raise ValueError("Robust.of needs at least one value")
         med = statistics.median(values)
-        mad = statistics.median(abs(v - med) for v in values)
-        return cls(n=len(values), median=med, sigma=MAD_K * mad, score=med - MAD_K * mad)
+        own = MAD_K * statistics.median(abs(v - med) for v in values)
+        sigma = own if band is None else moderated_sigma(own, len(values) - 1, band / 2.0)
+        return cls(n=len(values), median=med, sigma=sigma, score=med - sigma)
+
+
+def moderated_sigma(own: float, dof: int, pooled: float) -> float:
+    """A configuration's spread from `dof` residual degrees of freedom of its own, shrunk
+    towards the pooled standard deviation, which counts as PRIOR_DOF of them."""
+    return math.sqrt((PRIOR_DOF * pooled ** 2 + dof * own ** 2) / (PRIOR_DOF + dof))
 
 
 def noise_band(groups: Iterable[Sequence[float]], default: float) -> float:

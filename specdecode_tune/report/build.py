@@ -262,7 +262,7 @@ def _trial_blocks(data: RunData) -> list[r.Block]:
     out: list[r.Block] = [r.Heading(2, "Trials"), r.Para(_counts(data) + ".")]
     out.append(r.Heading(3, "Configurations, best first"))
     if data.configs:
-        head = ("#", "config", "n", "score (median)", "median - MAD") + tuple(
+        head = ("#", "config", "n", "score (median)", "median - spread") + tuple(
             f"C={c} tok/s" for c in data.levels) + ("plateau question (why it was booted)",)
         rows = []
         for i, cf in enumerate(data.configs, start=1):
@@ -313,7 +313,7 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
     else:
         best = rec.config
         out.append(r.Para(
-            f"Best static config for the objective (highest median - 1.4826 MAD of its "
+            f"Best static config for the objective (highest median - spread of its "
             f"scores over {best.n} measurement(s), suspect trials left out): "
             f"`{data.label(best.params)}`, score {best.robust.median:+.3f} "
             f"({pct(best.robust.median)} weighted vs no speculation: {rec.vs_baseline})."))
@@ -358,8 +358,11 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
          "Score of a trial: the weighted mean over concurrency levels of log(good requests/s "
          "/ the baseline's at that level) (goodput objective: see the levels section); 0 is "
          "the baseline."),
-        ("Robust score of a configuration: median - 1.4826 * MAD over its repeats (as vLLM's "
-         "tuner ranks); suspect trials (telemetry flags, errors during a level) are left out."),
+        ("Robust score of a configuration: median - spread over its repeats (vLLM's tuner "
+         "ranks by median - 1.4826 * MAD); the spread is 1.4826 * MAD shrunk towards half the "
+         "noise band, which counts as 3 residual degrees of freedom against the repeats' n - 1, "
+         "so a configuration measured once carries the pooled spread, not none; suspect trials "
+         "(telemetry flags, errors during a level) are left out."),
         ("Noise band: two pooled standard deviations of repeated scores around their medians "
          "(objective.noise_band); each level's band uses the repeats' log tok/s at that level."),
         ("Verdict terms: a plateau is adjacent values within the band of the best; a peak is a "

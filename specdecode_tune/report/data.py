@@ -320,19 +320,19 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     for t in trials:
         if t.usable and not t.baseline and t.trial_id not in SCHEDULE_IDS:
             groups.setdefault(t.config_key, []).append(t)
+    default = experiment.search.noise_band if experiment is not None else DEFAULT_BAND
+    score_groups = {k: [t.score for t in ts if t.score is not None] for k, ts in groups.items()}
+    band = noise_band(score_groups.values(), default)
+    dof = sum(len(g) - 1 for g in score_groups.values() if len(g) >= 2)
+    if dof < 3:
+        dof = 0
+    # Spreads shrink towards the band, as the searcher ranks (objective.Robust).
     configs = [Config(key=k, params=dict(ts[0].params), trials=tuple(ts),
-                      robust=Robust.of([t.score for t in ts if t.score is not None]))
+                      robust=Robust.of(score_groups[k], band))
                for k, ts in groups.items()]
     # Best first; ties go to fewer steps (cheaper drafting), then the earlier measurement.
     configs.sort(key=lambda cf: (-cf.robust.score, -cf.robust.median,
                                  _num(cf.param(STEPS)), cf.trials[0].order))
-
-    default = experiment.search.noise_band if experiment is not None else DEFAULT_BAND
-    score_groups = [[t.score for t in cf.trials if t.score is not None] for cf in configs]
-    band = noise_band(score_groups, default)
-    dof = sum(len(g) - 1 for g in score_groups if len(g) >= 2)
-    if dof < 3:
-        dof = 0
     level_bands = {}
     for c in measured_levels:
         groups_c = [[math.log(v) for v in cf.values(c) if v > 0] for cf in configs]

@@ -1,7 +1,8 @@
 """The recommendation: the best static config, its launch command, and a per-level schedule.
 
-The best static config is the configuration with the highest robust score (median - 1.4826 *
-MAD of its repeats' scores; suspect trials left out). The schedule picks, for each measured
+The best static config is the configuration with the highest robust score (median - spread of
+its repeats' scores, the spread 1.4826 * MAD shrunk towards the noise band: objective.Robust;
+suspect trials left out). The schedule picks, for each measured
 concurrency level, the measured configuration with the highest median tok/s at that level
 (feasible, not suspect; the no-speculation baseline counts: it wins where drafting costs more
 than it returns). Servers can switch only the number of draft steps at run time, so the

@@ -5,9 +5,10 @@ server refuses is told to Optuna as a violated constraint (`trial.set_constraint
 failed trial, so constraint-aware samplers learn where the feasible region ends.
 
 `RepeatingSearcher` wraps it and spends part of the budget on re-measuring: the incumbent is
-measured `repeats` times and the runners-up twice, so that scores are medians with a MAD
-penalty and the noise band is measured, not assumed. Early in the search (after a third of the
-budget) it re-measures the incumbent once, so the plateau detector works with a measured band.
+measured `repeats` times and the runners-up twice, so that scores are medians less a spread
+(1.4826 * MAD shrunk towards the pooled noise: objective.Robust) and the noise band is measured,
+not assumed. Early in the search (after a third of the budget) it re-measures the incumbent
+once, so the plateau detector works with a measured band.
 Repeats never reach Optuna (the study sees each configuration once). The whole state pickles
 into Tune's experiment dir, so an interrupted search resumes with it.
 
@@ -466,7 +467,9 @@ class RepeatingSearcher(Searcher):
     # -- what to re-measure --------------------------------------------------------------------
 
     def ranking(self) -> list[tuple[str, Robust]]:
-        ranked = [(k, Robust.of(v)) for k, v in self.scores.items() if v]
+        # The spreads shrink towards the measured noise: a point measured once ranks with the
+        # pooled spread, not with none (objective.Robust).
+        ranked = [(k, Robust.of(v, self.band)) for k, v in self.scores.items() if v]
         sign = 1.0 if self.mode == "max" else -1.0
         return sorted(ranked, key=lambda kv: sign * kv[1].score, reverse=True)
 

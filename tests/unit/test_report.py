@@ -285,11 +285,14 @@ def test_measured_band_from_repeats_swallows_a_small_gain(tmp_path: Path) -> Non
     assert data.band_measured and data.band > 0.04
     step = next(s for s in v.steps if (s.a, s.b) == (3, 4))
     assert step.score == pytest.approx(math.log(1.04), abs=1e-3) and step.score_within
-    # Ranking is by median - 1.4826 MAD: the scattered steps=4 ranks below the steady steps=3,
-    # and the recommendation says the two are within noise of each other.
+    # Ranking is by median less the spread shrunk towards the band: steps=4 scatters no more
+    # than steps=2 (the band), and steps=3 measured once carries the pooled spread, not none:
+    # the better median ranks first, and the recommendation says the two are within noise.
     rec = recommend(data)
-    assert rec.config is not None and rec.config.param("speculative_num_steps") == 3
-    assert rec.runner_up is not None and rec.runner_up.n == 3 and rec.runner_within
+    assert rec.config is not None and rec.config.param("speculative_num_steps") == 4
+    assert rec.config.robust.sigma > data.band / 2       # its own scatter still counts
+    assert rec.runner_up is not None and rec.runner_up.n == 1 and rec.runner_within
+    assert rec.runner_up.robust.sigma == pytest.approx(data.band / 2)
 
 
 def test_suspect_trials_are_left_out_and_listed(tmp_path: Path) -> None:

@@ -1,0 +1,50 @@
+"""The robust summary of a configuration's repeats: median less a spread shrunk towards the
+pooled noise, so that a configuration measured once does not outrank re-measured ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specdecode_tune.objective import MAD_K, PRIOR_DOF, Robust, moderated_sigma
+
+
+def test_without_a_band_the_spread_is_the_repeats_own_mad() -> None:
+    r = Robust.of([0.80, 0.82, 0.78])
+    assert r.median == pytest.approx(0.80)
+    assert r.sigma == pytest.approx(MAD_K * 0.02)
+    assert Robust.of([0.8]).sigma == 0.0
+
+
+def test_one_measurement_carries_the_pooled_spread() -> None:
+    r = Robust.of([0.8], band=0.03)
+    assert r.sigma == pytest.approx(0.015)
+    assert r.score == pytest.approx(0.785)
+
+
+def test_the_own_spread_counts_as_n_minus_1_degrees_of_freedom_against_the_prior() -> None:
+    own = MAD_K * 0.015
+    expected = math.sqrt((PRIOR_DOF * 0.015 ** 2 + 2 * own ** 2) / (PRIOR_DOF + 2))
+    assert Robust.of([0.782, 0.797, 0.821], band=0.03).sigma == pytest.approx(
+        moderated_sigma(own, 2, 0.015))
+    assert moderated_sigma(own, 2, 0.015) == pytest.approx(expected)
+    # Between the pooled spread and its own, nearer the pooled while the repeats are few.
+    assert 0.015 < expected < own
+
+
+def test_a_single_lucky_boot_no_longer_outranks_a_better_re_measured_config() -> None:
+    # A search's README run on the simulator (stop 27): steps=4 at mem 0.92 measured three
+    # times (median +0.797, one boot at +0.821), steps=5 three times close together (+0.779).
+    wide, tight, single = [0.782, 0.797, 0.821], [0.782, 0.776, 0.779], [0.786]
+    # Own MADs alone: the tight one ties the better median (a coin toss on three boots'
+    # luck), and the single boot wins outright.
+    assert abs(Robust.of(tight).score - Robust.of(wide).score) < 0.001
+    assert Robust.of(single).score > Robust.of(wide).score
+    # Shrunk towards the band the repeats measured (+-3%): the better median ranks first,
+    # by more than a third of the band.
+    band = 0.03
+    assert Robust.of(wide, band).score - Robust.of(tight, band).score > band / 3
+    ranked = sorted({"wide": wide, "tight": tight, "single": single}.items(),
+                    key=lambda kv: -Robust.of(kv[1], band).score)
+    assert [k for k, _ in ranked][0] == "wide"
