@@ -25,9 +25,15 @@ from ..store import rundir
 from ..store.files import filesystem, write_atomic
 from .baseline import baseline_facts
 from .preflight import RunPlan
-from .progress import Progress
+from .progress import Progress, describe
 from .sampler_factory import make_sampler
-from .searcher import FailureStreak, ProposalSpace, RepeatingSearcher, SpecOptunaSearch
+from .searcher import (
+    REPEAT_KEY,
+    FailureStreak,
+    ProposalSpace,
+    RepeatingSearcher,
+    SpecOptunaSearch,
+)
 from .stopping import KVGate, StopRule
 from .trainable import trainable
 
@@ -89,7 +95,8 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
     return tune.Tuner(
         fn,
         tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples,
-                                    max_concurrent_trials=s.max_concurrent, reuse_actors=False),
+                                    max_concurrent_trials=s.max_concurrent, reuse_actors=False,
+                                    trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(
             name=plan.name, storage_path=storage_path, verbose=0,
             callbacks=[Progress(exp, max_trials)],
@@ -98,6 +105,16 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
             failure_config=tune.FailureConfig(max_failures=2),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
+
+
+def trial_dirname(trial: Any) -> str:
+    """A trial's folder: its id and its point (`4a1b2c3d_steps=4_topk=1_draft=5_mem=0.92`).
+    Tune's default names the folder after every config key, and the config also carries the
+    sampler's bookkeeping (the model's prediction, hundreds of characters of JSON)."""
+    point = describe({k: v for k, v in trial.config.items() if not k.startswith("_")})
+    rep = trial.config.get(REPEAT_KEY, 0)
+    name = f"{trial.trial_id}_{point.replace(' ', '_')}" + (f"_repeat{rep}" if rep else "")
+    return "".join(ch if ch.isalnum() or ch in "._=-" else "-" for ch in name)[:120]
 
 
 def request_tokens(exp: Experiment) -> float | None:

@@ -37,3 +37,15 @@ def test_the_trial_line_carries_the_short_reason(capsys: pytest.CaptureFixture) 
     m = re.fullmatch(r"trial +1 +abc123 +steps=8 +-> infeasible: (.*)  \[\d+s\]", line)
     assert m, line
     assert m.group(1) == short_reason(LONG)
+
+
+def test_a_trial_folder_is_named_by_its_id_and_point_not_its_bookkeeping() -> None:
+    from specdecode_tune.search.tuner import trial_dirname
+    config = {"speculative_num_steps": 4, "speculative_eagle_topk": 1,
+              "speculative_num_draft_tokens": 5, "mem_fraction_static": 0.92,
+              "_predicted": '{"tok_s": {"1": 275.73, "16": 1999.78}}', "_sampler": "model"}
+    name = trial_dirname(SimpleNamespace(trial_id="4a1b2c3d", config=config))
+    assert name == "4a1b2c3d_steps=4_topk=1_draft=5_mem=0.92"
+    again = trial_dirname(SimpleNamespace(trial_id="5e6f", config={**config, "_repeat": 2}))
+    assert again == "5e6f_steps=4_topk=1_draft=5_mem=0.92_repeat2"
+    assert "/" not in trial_dirname(SimpleNamespace(trial_id="t", config={"path": "/a/b"}))
