@@ -69,7 +69,11 @@ def test_the_kv_gate_skips_only_what_the_fit_is_sure_the_server_refuses() -> Non
     assert [s["params"] for s in gate.skipped] == [{"speculative_num_steps": 9}]
     # After a refusal the boundary was probed once: the unsure point is skipped too.
     assert gate.refuses(unsure, refused_before=True) is not None
-    likely = {"speculative_num_steps": 7, PREDICTED_KEY: json.dumps({"p_feasible": 0.7})}
+    # ... and so is one the fit gives even 89%: after a refusal only a near-sure boot runs.
+    fair = {"speculative_num_steps": 7, PREDICTED_KEY: json.dumps({"p_feasible": 0.89})}
+    assert gate.refuses(fair, refused_before=True) is not None
+    assert gate.refuses(fair) is None
+    likely = {"speculative_num_steps": 6, PREDICTED_KEY: json.dumps({"p_feasible": 0.9})}
     assert gate.refuses(likely, refused_before=True) is None
 
 
