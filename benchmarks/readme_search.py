@@ -1,0 +1,142 @@
+"""The README's main command itself, run N times: boots in all, why it stopped, what it picked.
+
+`whole_search.py` replays the default search without servers (each boot drawn from the
+profile's noise model, seconds per search). This runs the real thing: `python -m
+specdecode_tune.search` on the experiment (default: the simulator, `experiments/sim-default.toml`)
+with `--seed 0..N-1`, each in its own run dir, with Ray, the simulator's HTTP server, the
+aiohttp load generator and the Parquet tables, as a user's run. The simulator's per-boot noise
+is fresh each boot (it is not seeded), so two runs of one seed differ as two real runs do.
+
+Per run it reads the run dir back (`report.data.read_run`, what the report reads) and prints:
+
+- boots: the baseline and every trial (explorations and re-measurements);
+- refused: trials the server refused at start-up;
+- stopped: the stop rule's reason (the model knows) or the cap;
+- picked: the report's best configuration (robust score first), and where it stands against the
+  exhaustive optimum of the profile's model (`search_efficiency.build_truth`: noise-free
+  `sim.model.predict` over the whole space). That optimum is the simulator's model, code we
+  wrote; the served simulator adds its scheduler's dynamics on top, so the pick is also
+  compared with the best median the run measured.
+
+    python benchmarks/readme_search.py --seeds 10      # about 200 s a run on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import search_efficiency as se  # noqa: E402
+
+from specdecode_tune.config import load_experiment  # noqa: E402
+from specdecode_tune.report.data import read_run  # noqa: E402
+from specdecode_tune.space import resolve  # noqa: E402
+
+ROOT = HERE.parent
+TARGET_BOOTS = 12
+_STOPPED = re.compile(r"^stopped: (.*)$", re.MULTILINE)
+
+
+def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict[str, Any]:
+    """One search, as the README runs it (plus --seed and a run dir of its own)."""
+    name = f"seed{seed}"
+    cmd = [sys.executable, "-m", "specdecode_tune.search", "--experiment", experiment,
+           "--seed", str(seed), "--storage", storage, "--name", name]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          check=False)
+    wall = time.monotonic() - t0
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"seed {seed}: exit {done.returncode}: " + " | ".join(tail))
+    data = read_run(str(Path(storage) / name))
+    trials = [t for t in data.trials if not t.baseline]
+    m = _STOPPED.search(done.stdout)
+    stopped = m.group(1) if m else ""
+    best = data.best
+    by_median = max(data.configs, key=lambda cf: cf.robust.median) if data.configs else None
+    return {"seed": seed, "wall_s": wall, "boots": 1 + len(trials),
+            "refused": sum(1 for t in trials if t.status == "infeasible"),
+            "explored": len({t.config_key for t in trials}),
+            "self_stop": stopped.startswith("the model knows"), "stopped": stopped,
+            "picked": None if best is None else best.params,
+            "picked_median": None if best is None else best.robust.median,
+            "best_median": None if by_median is None else by_median.robust.median}
+
+
+def judge(row: dict[str, Any], truth: se.Truth, exp: Any) -> dict[str, Any]:
+    """Where the pick stands on the profile model's exhaustive optimum."""
+    params = row["picked"]
+    if params is None:
+        return {**row, "key": None, "at": 0.0, "within": False}
+    key = se.key_of(resolve({k: params[k] for k in (se.STEPS, se.TOPK, se.DRAFT, se.MEM)
+                             if k in params}, exp.backend.flags))
+    point = truth.points.get(key)
+    at = math.exp(point.score - truth.best) if point is not None and point.feasible else 0.0
+    return {**row, "key": key, "at": at, "within": at >= 0.98 - 1e-9}
+
+
+def report(rows: Sequence[dict[str, Any]], truth: se.Truth,
+           say: Callable[[str], None] = print) -> None:
+    say("")
+    say("== the README's main command, run for real (python -m specdecode_tune.search "
+        "--seed N; baseline and re-measurements counted)")
+    for r in rows:
+        key = "-" if r["key"] is None else "steps={} topk={} draft={} mem={}".format(*r["key"])
+        gap = (r["best_median"] - r["picked_median"]) if r["picked_median"] is not None else 0.0
+        say(f"   seed {r['seed']:>2}: {r['boots']:>2} boots ({r['explored']} explored, "
+            f"{r['refused']} refused), {'self-stop' if r['self_stop'] else 'cap'}, "
+            f"{r['wall_s']:.0f} s; picked {key} at {r['at']:.1%} of the model's optimum "
+            f"({100 * (math.exp(-gap) - 1):+.1f}% vs the run's best median)")
+    b = [r["boots"] for r in rows]
+    opt = "steps={} topk={} draft={} mem={}".format(*truth.optimum)
+    say(f"   boots median {statistics.median(b):g} / worst {max(b)}; self-stop "
+        f"{sum(r['self_stop'] for r in rows)}/{len(rows)}; picked within 2% of the optimum "
+        f"({opt}) {sum(r['within'] for r in rows)}/{len(rows)}; refused worst "
+        f"{max(r['refused'] for r in rows)}")
+    ok = all(r["boots"] <= TARGET_BOOTS and r["self_stop"] for r in rows)
+    say(f"  target: stops by itself in <= {TARGET_BOOTS} boots in every run: "
+        f"{'MET' if ok else 'NOT MET'}; picks within 2% in every run: "
+        f"{'MET' if all(r['within'] for r in rows) else 'NOT MET'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=10, help="runs, --seed 0..N-1 (default 10)")
+    ap.add_argument("--experiment", default="experiments/sim-default.toml",
+                    help="a simulator experiment (default: the README's)")
+    ap.add_argument("--storage", default=None,
+                    help="where the run dirs go (default: a temporary folder, removed)")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
+    args = ap.parse_args(argv)
+    exp = load_experiment(str(ROOT / args.experiment))
+    if exp.backend.kind != "sim":
+        ap.error(f"--experiment: backend kind {exp.backend.kind!r}; this benchmark judges the "
+                 f"pick on a simulator profile's model, so it needs kind = \"sim\"")
+    truth = se.build_truth(exp.backend.profile, exp)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="readme-search-") as tmp:
+        storage = args.storage or tmp
+        for seed in range(args.seeds):
+            row = judge(run_once(args.experiment, seed, storage, args.timeout), truth, exp)
+            rows.append(row)
+            print(f"  seed {seed}: {row['boots']} boots, at {row['at']:.1%}", flush=True)
+    report(rows, truth)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
