@@ -29,7 +29,7 @@ A point already measured is answered from the data without a boot, as `Repeating
 (after 25 such answers in a row it counts as a boot). The study carries the user attrs the
 search writes (`baseline`, `measured`, `noise_band`), so each sampler runs its real code path.
 
-    python benchmarks/search_efficiency.py                 # 474 s on 2 cores (2026-12-04)
+    python benchmarks/search_efficiency.py                 # 566 s on 2 cores (2026-12-05)
     python benchmarks/search_efficiency.py --smoke-test    # seconds
 
 Recorded real landscapes (`benchmarks/landscapes.py`: tables `benchmarks/record_landscape.py`
