@@ -43,7 +43,6 @@ import search_efficiency as se  # noqa: E402
 
 from specdecode_tune.config import load_experiment  # noqa: E402
 from specdecode_tune.report.data import read_run  # noqa: E402
-from specdecode_tune.space import resolve  # noqa: E402
 
 ROOT = HERE.parent
 TARGET_BOOTS = 12
@@ -79,14 +78,8 @@ def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict
 
 def judge(row: dict[str, Any], truth: se.Truth, exp: Any) -> dict[str, Any]:
     """Where the pick stands on the profile model's exhaustive optimum."""
-    params = row["picked"]
-    if params is None:
-        return {**row, "key": None, "at": 0.0, "within": False}
-    key = se.key_of(resolve({k: params[k] for k in (se.STEPS, se.TOPK, se.DRAFT, se.MEM)
-                             if k in params}, exp.backend.flags))
-    point = truth.points.get(key)
-    at = math.exp(point.score - truth.best) if point is not None and point.feasible else 0.0
-    return {**row, "key": key, "at": at, "within": at >= 0.98 - 1e-9}
+    key = None if row["picked"] is None else se.point_of(exp, row["picked"])
+    return {**row, "key": key, "at": truth.at(key), "within": truth.within(key)}
 
 
 def report(rows: Sequence[dict[str, Any]], truth: se.Truth,

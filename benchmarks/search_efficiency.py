@@ -132,6 +132,24 @@ class Truth:
     def threshold(self) -> float:
         return self.best + TARGET
 
+    def at(self, key: Key | None) -> float:
+        """The point's share of the optimum's speedup (0 for a refused point, or none)."""
+        point = self.points.get(key) if key is not None else None
+        return math.exp(point.score - self.best) if point is not None and point.feasible \
+            else 0.0
+
+    def within(self, key: Key | None) -> bool:
+        """Whether the point is within 2% of the optimum (TARGET)."""
+        point = self.points.get(key) if key is not None else None
+        return point is not None and point.feasible and point.score >= self.threshold - 1e-12
+
+
+def point_of(exp: Experiment, config: dict[str, Any]) -> Key:
+    """The point a searcher's config (or a run's params) boots: its own keys ('_' ones are the
+    searcher's bookkeeping) over the experiment's fixed flags, resolved as the search does."""
+    return key_of(resolve({k: v for k, v in config.items() if not k.startswith("_")},
+                          exp.backend.flags))
+
 
 def server_params(exp: Experiment, sampled: dict[str, Any]) -> dict[str, Any]:
     """What the simulator would be launched with: the backend's settings, flags and the point."""

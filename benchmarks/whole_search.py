@@ -19,7 +19,6 @@ included). Per search it reports:
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -96,9 +95,7 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         if not live:
             break
         tid, cfg = live.pop(0)
-        params = resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
-                         exp.backend.flags)
-        key = se.key_of(params)
+        key = se.point_of(exp, cfg)
         tok_s, attr = se.measure(truth, key, seed, int(cfg.get(REPEAT_KEY, 0)))
         point = truth.points[key]
         if not point.feasible:
@@ -110,24 +107,16 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
             "status": "ok" if score is not None else "infeasible",
             "reason": point.reason, MEASURED_KEY: json.dumps(attr)})
     ranked = searcher.ranking()
-    picked = None
-    if ranked:
-        cfg = searcher.configs[ranked[0][0]]
-        picked = se.key_of(resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
-                                   exp.backend.flags))
-    true = truth.points[picked].score if picked else -math.inf
+    picked = se.point_of(exp, searcher.configs[ranked[0][0]]) if ranked else None
     # Diagnostic only (not what the search picks): the best median, without the spread.
     by_median = max(ranked, key=lambda kv: kv[1].median)[0] if ranked else None
-    at_median = math.exp(truth.points[se.key_of(resolve(
-        {k: v for k, v in searcher.configs[by_median].items() if not k.startswith("_")},
-        exp.backend.flags))].score - truth.best) if by_median else 0.0
+    at_median = truth.at(se.point_of(exp, searcher.configs[by_median])) if by_median else 0.0
     errors = [e for t in inner.study().trials
               for e in level_errors(t.user_attrs.get("predicted"), t.user_attrs.get("measured"))]
     return {"errors": errors, "profile": profile, "seed": seed, "boots": boots, "refused": refused,
             "skipped": len(gate.skipped), "explored": searcher.explored,
             "stopped": searcher.stop_reason, "picked": picked,
-            "within": true >= truth.threshold - 1e-12,
-            "at": math.exp(true - truth.best) if picked else 0.0, "at_median": at_median}
+            "within": truth.within(picked), "at": truth.at(picked), "at_median": at_median}
 
 
 def level_errors(predicted: Any, measured: Any) -> list[float]:
