@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..objective import pct
+from ..objective import PRIOR_DOF, pct
 from ..space import STEPS
 from . import predictions, validation
 from . import render as r
@@ -360,9 +360,9 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
          "the baseline."),
         ("Robust score of a configuration: median - spread over its repeats (vLLM's tuner "
          "ranks by median - 1.4826 * MAD); the spread is 1.4826 * MAD shrunk towards half the "
-         "noise band, which counts as 3 residual degrees of freedom against the repeats' n - 1, "
-         "so a configuration measured once carries the pooled spread, not none; suspect trials "
-         "(telemetry flags, errors during a level) are left out."),
+         f"noise band, which counts as {PRIOR_DOF} residual degrees of freedom against the "
+         "repeats' n - 1, so a configuration measured once carries the pooled spread, not "
+         "none; suspect trials (telemetry flags, errors during a level) are left out."),
         ("Noise band: two pooled standard deviations of repeated scores around their medians "
          "(objective.noise_band); each level's band uses the repeats' log tok/s at that level."),
         ("Verdict terms: a plateau is adjacent values within the band of the best; a peak is a "
