@@ -97,6 +97,34 @@ def speculative_config(cfg: BackendConfig, params: Mapping[str, Any]) -> dict[st
     return conf
 
 
+def schedule_config(cfg: BackendConfig | None, params: Mapping[str, Any],
+                    ranges: list[list[int]]) -> dict[str, Any]:
+    """vLLM's `--speculative-config` for a per-batch-size K schedule: the static part at
+    `params[STEPS]` (the largest K: vLLM sizes its buffers for it) and the `ranges`. From an
+    experiment of any engine: its algorithm through vLLM's method names (NEXTN -> mtp), its
+    draft model; where it names none (or no experiment), the algorithm lower-cased or eagle3."""
+    conf = speculative_config(cfg, params) if cfg is not None else None
+    if conf is None:
+        conf = {"method": ((cfg.speculative_algorithm if cfg else None) or "eagle3").lower()}
+        if cfg is not None and cfg.draft_model_path:
+            conf["model"] = cfg.draft_model_path
+        conf["num_speculative_tokens"] = int(params[STEPS])
+    return {**conf, PER_BATCH_SIZE: ranges}
+
+
+def schedule_serve_command(cfg: BackendConfig, params: Mapping[str, Any],
+                           ranges: list[list[int]]) -> str:
+    """The `vllm serve` command of a per-batch-size K schedule for an experiment of any
+    engine: a vLLM experiment's own launch command (its flags, its draft mapping); another
+    engine's model and tensor parallelism, with `schedule_config`'s speculative config."""
+    if cfg.kind == "vllm":
+        return VLLMBackend().schedule_command(cfg, params, ranges)[0] or ""
+    top = max(k for _, _, k in ranges)
+    conf = schedule_config(cfg, {**params, STEPS: top}, ranges)
+    return shlex.join(["vllm", "serve", cfg.model_path, "--tensor-parallel-size",
+                       str(cfg.tp_size), "--speculative-config", json.dumps(conf)])
+
+
 def uses_module_form(binary: str | None) -> bool:
     return binary is None or Path(binary).name.startswith("python")
 

@@ -39,15 +39,14 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.sglang import SGLangBackend
+from ..backends import vllm as vllm_backend
 from ..config import Experiment
 from ..objective import compare, pct
-from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK
+from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
 from . import formats
 from .data import Config, RunData, band_pct, describe, fmt_value
 
@@ -249,29 +248,22 @@ def schedule(data: RunData) -> Schedule:
     sglang_cmd = vllm_cmd = None
     first = next(e.steps for e in chain if e.steps > 0)
     params = {**base, STEPS: first, TOPK: 1, DRAFT: first + 1}
-    backend = get_backend(exp.backend.kind) if exp is not None else None
-    if exp is not None and isinstance(backend, SGLangBackend):
-        # Only for a release that has the flags and reads this file's format; else the
-        # backend says which release does.
-        sglang_cmd, why = backend.schedule_command(exp.backend, params, SGLANG_SCHEDULE_FILE)
-        if why:
+    if exp is not None:
+        # The command that boots the schedule from the file written beside the report, where
+        # this engine and release boot one (SGLang's adaptive mode; the simulator's copy);
+        # else the backend's one line on why not.
+        backend = get_backend(exp.backend.kind)
+        settings, why = backend.schedule_params(exp.backend, params, SGLANG_SCHEDULE_FILE)
+        if settings is not None:
+            sglang_cmd = backend.launch_command(exp.backend, settings)
+        elif why:
             notes.append(why)
 
     ranges = formats.vllm_ranges(slots)
-    vllm = _vllm_config(exp, {**base, STEPS: top})
-    vllm["num_speculative_tokens_per_batch_size"] = ranges
-    if exp is not None and exp.backend.kind == "vllm":
-        # A vLLM experiment: the backend's own command (its flags, its draft mapping).
-        vllm_cmd, _ = get_backend("vllm").schedule_command(  # type: ignore[attr-defined]
-            exp.backend, base, ranges)
-    elif exp is not None:
-        args = ["vllm", "serve", exp.backend.model_path,
-                "--tensor-parallel-size", str(exp.backend.tp_size),
-                "--speculative-config", json.dumps(vllm)]
-        if exp.backend.kind == "vllm" and base.get(MEM) is not None:
-            # For a vLLM experiment the searched fraction is vLLM's own flag.
-            args += ["--gpu-memory-utilization", fmt_value(float(base[MEM]))]
-        vllm_cmd = shlex.join(args)
+    top_params = {**base, STEPS: top}
+    vllm = vllm_backend.schedule_config(exp.backend if exp else None, top_params, ranges)
+    if exp is not None:
+        vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, base, ranges)
     return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
                     slots=tuple(slots), trtllm=trtllm, params=params)
 
@@ -303,27 +295,6 @@ def schedule_slots(chain: tuple[Entry, ...], limit: int | None
             f"(the running limit {limit}): one slot, the higher level's steps."
             if merged else "")
     return slots, note
-
-
-def _vllm_config(exp: Experiment | None, params: dict[str, Any]) -> dict[str, Any]:
-    """The static part of vLLM's --speculative-config: the vLLM backend's own mapping (method
-    names such as NEXTN -> mtp, the draft model) where that backend is installed in this
-    tree, else the algorithm lower-cased."""
-    if exp is not None:
-        try:
-            from ..backends.vllm import speculative_config
-        except ImportError:   # the vLLM backend is optional: fall back to the plain mapping
-            pass
-        else:
-            conf = speculative_config(exp.backend, params)
-            if conf is not None:
-                return dict(conf)
-    conf = {"method": ((exp.backend.speculative_algorithm if exp else None)
-                       or "eagle3").lower()}
-    if exp is not None and exp.backend.draft_model_path:
-        conf["model"] = exp.backend.draft_model_path
-    conf["num_speculative_tokens"] = int(params[STEPS])
-    return conf
 
 
 def _differing(entries: tuple[Entry, ...], exclude: tuple[str, ...]) -> list[str]:

@@ -503,6 +503,16 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     assert '"num_speculative_tokens":5' in s.vllm_command
     assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in s.vllm_command
     assert s.sglang_command is None      # not an SGLang experiment: the JSON only
+    # ... and the backend's own line on why the file boots nothing here.
+    assert any(n.startswith("vLLM's per-batch-size K (in --speculative-config) is not booted")
+               for n in s.notes)
+    # An SGLang-form schedule for another engine's experiment: the vLLM backend translates it.
+    (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
+        'kind = "sim"', 'kind = "sglang"\nspeculative_algorithm = "NEXTN"'))
+    s = schedule(read_run(str(tmp_path)))
+    assert s.vllm is not None and s.vllm["method"] == "mtp"
+    assert s.vllm_command is not None and s.vllm_command.startswith(
+        "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
 
 
 # ---------------------------------------------------------------------------------------------
