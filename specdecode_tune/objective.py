@@ -119,21 +119,31 @@ def moderated_sigma(own: float, dof: int, pooled: float) -> float:
     return math.sqrt((PRIOR_DOF * pooled ** 2 + dof * own ** 2) / (PRIOR_DOF + dof))
 
 
+MIN_BAND_DOF = 3   # residual degrees of freedom below which the measured band says too little
+
+
+def band_dof(groups: Iterable[Sequence[float]]) -> int:
+    """The residual degrees of freedom behind `noise_band`: each configuration measured at
+    least twice counts its repeats less one; 0 where they are fewer than MIN_BAND_DOF (the
+    band is then the default)."""
+    dof = sum(len(values) - 1 for values in groups if len(values) >= 2)
+    return dof if dof >= MIN_BAND_DOF else 0
+
+
 def noise_band(groups: Iterable[Sequence[float]], default: float) -> float:
     """Two pooled standard deviations of repeated scores around their medians.
 
-    Uses every configuration measured at least twice; with fewer than three residual degrees
-    of freedom the measurement says too little and `default` is returned."""
+    Uses every configuration measured at least twice; with fewer than MIN_BAND_DOF residual
+    degrees of freedom (`band_dof`) the measurement says too little and `default` is
+    returned."""
+    repeated = [values for values in groups if len(values) >= 2]
+    dof = band_dof(repeated)
+    if not dof:
+        return default
     residuals: list[float] = []
-    dof = 0
-    for values in groups:
-        if len(values) < 2:
-            continue
+    for values in repeated:
         med = statistics.median(values)
         residuals += [v - med for v in values]
-        dof += len(values) - 1
-    if dof < 3:
-        return default
     # Mean squared residual about the median, corrected for the centre taken from the data.
     sigma = math.sqrt(sum(r * r for r in residuals) / dof)
     return min(max(2.0 * sigma, 0.002), 0.5)

@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 from .. import store
 from ..config import Experiment, experiment_from_dict
 from ..errors import ConfigError, RunDirError
-from ..objective import Robust, noise_band, objective_score
+from ..objective import MIN_BAND_DOF, Robust, band_dof, noise_band, objective_score
 from ..records import LevelSummary, ServerFacts
 from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
 from ..store.files import filesystem as _filesystem
@@ -175,7 +175,7 @@ class RunData:
 
     @property
     def band_measured(self) -> bool:
-        return self.band_dof >= 3
+        return self.band_dof >= MIN_BAND_DOF
 
     @property
     def best(self) -> Config | None:
@@ -323,9 +323,7 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     default = experiment.search.noise_band if experiment is not None else DEFAULT_BAND
     score_groups = {k: [t.score for t in ts if t.score is not None] for k, ts in groups.items()}
     band = noise_band(score_groups.values(), default)
-    dof = sum(len(g) - 1 for g in score_groups.values() if len(g) >= 2)
-    if dof < 3:
-        dof = 0
+    dof = band_dof(score_groups.values())
     # Spreads shrink towards the band, as the searcher ranks (objective.Robust).
     configs = [Config(key=k, params=dict(ts[0].params), trials=tuple(ts),
                       robust=Robust.of(score_groups[k], band))

@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from specdecode_tune.objective import MAD_K, PRIOR_DOF, Robust, moderated_sigma
+from specdecode_tune.objective import (
+    MAD_K,
+    MIN_BAND_DOF,
+    PRIOR_DOF,
+    Robust,
+    band_dof,
+    moderated_sigma,
+    noise_band,
+)
 
 
 def test_without_a_band_the_spread_is_the_repeats_own_mad() -> None:
@@ -48,3 +56,14 @@ def test_a_single_lucky_boot_no_longer_outranks_a_better_re_measured_config() ->
     ranked = sorted({"wide": wide, "tight": tight, "single": single}.items(),
                     key=lambda kv: -Robust.of(kv[1], band).score)
     assert [k for k, _ in ranked][0] == "wide"
+
+
+def test_band_dof_counts_what_noise_band_uses() -> None:
+    """One count of the band's residual degrees of freedom, for the searcher and the report:
+    repeats less one per configuration measured twice or more; under 3 the default band."""
+    assert MIN_BAND_DOF == 3
+    assert band_dof([[0.5], [0.4, 0.42], [0.3, 0.31, 0.33]]) == 3
+    assert noise_band([[0.5], [0.4, 0.42], [0.3, 0.31, 0.33]], 0.2) != 0.2
+    assert band_dof([[0.5], [0.4, 0.42], [0.3, 0.31]]) == 0
+    assert noise_band([[0.5], [0.4, 0.42], [0.3, 0.31]], 0.2) == 0.2
+    assert band_dof(iter([[0.4, 0.42, 0.41, 0.45]])) == 3       # any iterable, read once
