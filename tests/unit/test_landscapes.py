@@ -401,3 +401,26 @@ def test_an_unfinished_recording_is_refused_with_what_is_missing(
     write_recording(rec, path, monkeypatch, stop_after=5)   # 5 of the 7 points once
     with pytest.raises(ValueError, match="2 of the 6 grid points have no recorded boot"):
         land_mod.load_landscape(path)
+
+
+def test_the_optimums_bootstrap_says_how_firmly_the_recording_names_it(
+        land_mod: ModuleType, table: Path) -> None:
+    """(1, 2)'s repeats 150/171/162 and (2, 1)'s 158/163/160: resampled, either can come out
+    on top; pushed 20% down, (2, 1) never does and the optimum is named in every resample."""
+    import dataclasses
+
+    land = land_mod.load_landscape(table)
+    st = land_mod.optimum_stability(land, resamples=400, seed=1)
+    assert land.optimum == (1, 2)
+    assert math.isclose(sum(st.argmax_share.values()), 1.0)
+    assert set(st.argmax_share) <= {(1, 2), (2, 1)}
+    assert 0.2 < st.optimum_share < 0.95 and 0.0 < st.argmax_share[(2, 1)] < 0.8
+    assert st.within_share >= st.optimum_share and st.near_points >= 1.0
+    Boot = land_mod.Boot
+    low = tuple(Boot(i, "ok", "", {1: v, 4: 2 * v}, (), {}) for i, v in
+                enumerate([126.0, 130.0, 128.0]))
+    firm = dataclasses.replace(land, points={**land.points, (2, 1): low})
+    st = land_mod.optimum_stability(firm, resamples=400, seed=1)
+    assert st.argmax_share == {(1, 2): 1.0} and st.optimum_share == 1.0
+    assert st.within_share == 1.0 and st.near_points == 1.0
+    assert any("argmax in 100%" in line for line in land_mod.describe(firm))
