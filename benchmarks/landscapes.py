@@ -32,7 +32,7 @@ import json
 import math
 import statistics
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
@@ -60,6 +60,8 @@ DATA = Path(__file__).resolve().parent / "data"
 META_KEY = b"landscape"
 TARGET = math.log(0.98)
 TIED = "~"                       # a sampler's row judged by `tied`, not by 98%
+RESAMPLED = "^"                  # ... by 98% of a resampled table's optimum (`resampled_hit`)
+RESAMPLES = 200                  # resampled tables per landscape for that row
 DEFAULT_MAX_TRIALS = 16          # experiments/sim-default.toml's search.max_trials
 
 Key = tuple[Any, ...]            # the point's values, in the axes' order (steps first)
@@ -350,9 +352,10 @@ def hits(path: str, sampler: str, seed: int, budget: int) -> int | None:
 
 
 def both_hits(path: str, sampler: str, seed: int, budget: int
-              ) -> tuple[int | None, int | None]:
+              ) -> tuple[int | None, int | None, int | None]:
     """(boots until 98% of the optimum, boots until a point the recording cannot rank below
-    the optimum: `tied`), None where not within the budget."""
+    the optimum (`tied`), boots until 98% of a resampled table's optimum (`resampled_hit`)),
+    None where not within the budget."""
     land = landscape_of(path)
     if sampler == "grid":
         keys = grid_order(land)
@@ -362,7 +365,8 @@ def both_hits(path: str, sampler: str, seed: int, budget: int
         keys = [k for k, _, _ in trace]
     near = tied(land)
     return (first_hit([land.scores[k] for k in keys], land.threshold),
-            next((i for i, k in enumerate(keys, start=1) if k in near), None))
+            next((i for i, k in enumerate(keys, start=1) if k in near), None),
+            resampled_hit(path, keys))
 
 
 def tied(land: Landscape) -> set[Key]:
@@ -401,25 +405,35 @@ class Stability:
     near_points: float                 # mean number of points within 2% of the argmax
 
 
+def resampled_scores(land: Landscape, resamples: int, seed: int = 0
+                     ) -> Iterator[dict[Key, float]]:
+    """The table's true scores as another recording of as many repeats might have measured
+    them: each point's repeats (and the baseline's) drawn with replacement, the means
+    recomputed (the bootstrap). Points without a measured repeat are left out."""
+    rng = np.random.default_rng(seed)
+    weights = land.exp.level_weights()
+    base = [b for b in land.baseline if b.measured]
+    booted = {k: ok for k in land.points
+              if land.scores[k] > INFEASIBLE_SCORE
+              and (ok := [b for b in land.points[k] if b.measured])}
+    for _ in range(resamples):
+        bm = _mean_tok_s([base[i] for i in rng.integers(len(base), size=len(base))])
+        scores = {}
+        for k, ok in booted.items():
+            mean = _mean_tok_s([ok[i] for i in rng.integers(len(ok), size=len(ok))])
+            if all(c in mean and c in bm for c, w in weights.items() if w > 0):
+                scores[k] = score(mean, bm, weights)
+        yield scores
+
+
 def optimum_stability(land: Landscape, resamples: int = 1000, seed: int = 0) -> Stability:
     """The bootstrap of the recording's optimum. A point's truth is the mean of 3-9 boots; where
     the top of the landscape is flatter than that mean's error, a second recording of the same
     engine would name another optimum in a share of cases this measures, and "boots to 98% of
     the optimum" is then judged against a point one recording happened to favour."""
-    rng = np.random.default_rng(seed)
-    weights = land.exp.level_weights()
-    base = [b for b in land.baseline if b.measured]
-    keys = [k for k in land.points if land.scores[k] > INFEASIBLE_SCORE]
     wins: dict[Key, int] = {}
     within = near = 0
-    for _ in range(resamples):
-        bm = _mean_tok_s([base[i] for i in rng.integers(len(base), size=len(base))])
-        scores = {}
-        for k in keys:
-            ok = [b for b in land.points[k] if b.measured]
-            mean = _mean_tok_s([ok[i] for i in rng.integers(len(ok), size=len(ok))])
-            if all(c in mean and c in bm for c, w in weights.items() if w > 0):
-                scores[k] = score(mean, bm, weights)
+    for scores in resampled_scores(land, resamples, seed):
         best = max(scores, key=lambda k: scores[k])
         wins[best] = wins.get(best, 0) + 1
         cut = scores[best] + TARGET - 1e-12
@@ -430,7 +444,28 @@ def optimum_stability(land: Landscape, resamples: int = 1000, seed: int = 0) -> 
                      near / resamples)
 
 
-def _task(args: tuple[str, str, int, int]) -> tuple[str, str, int, int | None, int | None]:
+@lru_cache(maxsize=16)
+def resampled_targets(path: str, resamples: int = 0) -> tuple[frozenset[Key], ...]:
+    """Per resampled table (`resampled_scores`; `RESAMPLES` of them by default), the points
+    within 2% of its optimum."""
+    out = []
+    for scores in resampled_scores(landscape_of(path), resamples or RESAMPLES):
+        cut = max(scores.values()) + TARGET - 1e-12
+        out.append(frozenset(k for k, v in scores.items() if v >= cut))
+    return tuple(out)
+
+
+def resampled_hit(path: str, keys: Sequence[Key]) -> int | None:
+    """Boots until 98% of a resampled table's optimum: the median over the resampled tables
+    (the lower middle, so a boot count); None where the middle one is not reached."""
+    hits = sorted(next((i for i, k in enumerate(keys, start=1) if k in near), math.inf)
+                  for near in resampled_targets(path))
+    middle = hits[(len(hits) - 1) // 2]
+    return None if math.isinf(middle) else int(middle)
+
+
+def _task(args: tuple[str, str, int, int]
+          ) -> tuple[str, str, int, int | None, int | None, int | None]:
     path, sampler, seed, budget = args
     return (path, sampler, seed, *both_hits(path, sampler, seed, budget))
 
@@ -492,11 +527,14 @@ def report(rows: Sequence[Any], say: Callable[[str], None] = print) -> None:
         say(f"== recorded: {land.name}  ({Path(path).name})")
         for line in describe(land):
             say(f"   {line}")
-        strict = [r for r in prow if not r.sampler.endswith(TIED)]
+        strict = [r for r in prow if not r.sampler.endswith((TIED, RESAMPLED))]
         near = [r for r in prow if r.sampler.endswith(TIED)]
+        again = [r for r in prow if r.sampler.endswith(RESAMPLED)]
         for rs, what in ((strict, "boots to 98% of the optimum"),
                          (near, "boots to a point the recording cannot rank below the "
-                                "optimum (`tied`)")):
+                                "optimum (`tied`)"),
+                         (again, f"boots to 98% of a resampled table's optimum, the median "
+                                 f"over {RESAMPLES} (`resampled`)")):
             if not rs:
                 continue
             say(f"   {'sampler':<9} {'budget':>6} {'median':>7} {'worst':>6} {'reached':>8}"
@@ -505,7 +543,7 @@ def report(rows: Sequence[Any], say: Callable[[str], None] = print) -> None:
                 per = " ".join("-" if h is None else str(h) for h in r.hits)
                 if r.sampler.startswith("grid"):
                     per = f"deterministic: {per.split()[0]} (of {r.budget})"
-                say(f"   {r.sampler.rstrip(TIED):<9} {r.budget:>6} "
+                say(f"   {r.sampler.rstrip(TIED + RESAMPLED):<9} {r.budget:>6} "
                     f"{_fmt(r.median, r.budget):>7} {_fmt(r.worst, r.budget):>6} "
                     f"{r.within(r.budget):>3}/{len(r.hits):<4}   {per}")
 
@@ -526,19 +564,19 @@ def run_benchmark(paths: Sequence[str], samplers: Sequence[str], seeds: int, bud
             done = list(pool.map(_task, tasks, chunksize=1))
     else:
         done = [_task(t) for t in tasks]
-    results: dict[tuple[str, str], dict[int, tuple[int | None, int | None]]] = {}
-    for path, sampler, seed, hit, hit_tied in done:
-        results.setdefault((path, sampler), {})[seed] = (hit, hit_tied)
+    results: dict[tuple[str, str], dict[int, tuple[int | None, int | None, int | None]]] = {}
+    for path, sampler, seed, *hit in done:
+        results.setdefault((path, sampler), {})[seed] = (hit[0], hit[1], hit[2])
     rows = []
     for p in paths:
         for s in samplers:
             if s == "grid":
                 n = len(grid_order(landscape_of(p)))
-                strict, near = both_hits(p, s, 0, n)
-                rows.append(row(p, s, n, (strict,) * seeds))
-                rows.append(row(p, s + TIED, n, (near,) * seeds))
+                for suffix, hit in zip(("", TIED, RESAMPLED), both_hits(p, s, 0, n),
+                                       strict=True):
+                    rows.append(row(p, s + suffix, n, (hit,) * seeds))
             else:
                 per = [results[(p, s)][i] for i in range(seeds)]
-                rows.append(row(p, s, budget, tuple(h for h, _ in per)))
-                rows.append(row(p, s + TIED, budget, tuple(t for _, t in per)))
+                for j, suffix in enumerate(("", TIED, RESAMPLED)):
+                    rows.append(row(p, s + suffix, budget, tuple(h[j] for h in per)))
     return rows

@@ -275,8 +275,9 @@ def test_tied_points_are_those_the_recording_cannot_rank_below_the_optimum(
     noisy = dataclasses.replace(land, points={**land.points, (1, 1): wide}, scores=scores)
     assert (1, 1) in land_mod.tied(noisy)
     land_mod.landscape_of.cache_clear()
-    strict, near = land_mod.both_hits(str(table), "grid", 0, 99)
+    strict, near, again = land_mod.both_hits(str(table), "grid", 0, 99)
     assert strict is not None and near is not None and near <= strict
+    assert again is not None
 
 
 def test_format_1_histograms_of_counter_engines_replay_in_sglangs_form(
@@ -424,3 +425,19 @@ def test_the_optimums_bootstrap_says_how_firmly_the_recording_names_it(
     assert st.argmax_share == {(1, 2): 1.0} and st.optimum_share == 1.0
     assert st.within_share == 1.0 and st.near_points == 1.0
     assert any("argmax in 100%" in line for line in land_mod.describe(firm))
+
+
+def test_boots_to_a_resampled_optimum(land_mod: ModuleType, table: Path) -> None:
+    """The third view: each resampled table's optimum, and the points within 2% of it, are
+    among (1, 2) and (2, 1) (the two the recording cannot tell apart), never (3, 2) or
+    (1, 1); a search's boots are judged against each, the lower middle kept."""
+    path = str(table)
+    land_mod.landscape_of.cache_clear()
+    land_mod.resampled_targets.cache_clear()
+    targets = land_mod.resampled_targets(path)
+    assert len(targets) == land_mod.RESAMPLES
+    assert all(t and t <= {(1, 2), (2, 1), (3, 1)} for t in targets)
+    assert sum((1, 2) in t for t in targets) > sum((3, 1) in t for t in targets)
+    assert land_mod.resampled_hit(path, [(3, 2), (1, 1)]) is None
+    assert land_mod.resampled_hit(path, [(3, 2), (1, 2), (2, 1)]) in (2, 3)
+    assert land_mod.resampled_hit(path, [(1, 2), (2, 1)]) in (1, 2)
