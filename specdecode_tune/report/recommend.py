@@ -11,7 +11,7 @@ schedule is emitted for chains (topk = 1) in the two formats that exist:
 SGLang `--speculative-adaptive-config` (with `--speculative-adaptive`), as read in the stored
 sgl-project/sglang sources. Released wheels: the flags exist from 0.5.11 and read this format
 from 0.5.13 (docs/engines-sglang.md section 3), so the command is printed only where the
-backend's `schedule_command` says the servers' release takes it; else a note says which does.
+backend's `schedule_params` says the servers' release takes it; else a note says which does.
 The flag takes the PATH of a JSON file ("Path to a JSON config file for adaptive speculative
 decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`, commit 015c8726).
 `python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
