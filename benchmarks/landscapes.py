@@ -566,7 +566,7 @@ def run_benchmark(paths: Sequence[str], samplers: Sequence[str], seeds: int, bud
         done = [_task(t) for t in tasks]
     results: dict[tuple[str, str], dict[int, tuple[int | None, int | None, int | None]]] = {}
     for path, sampler, seed, *hit in done:
-        results.setdefault((path, sampler), {})[seed] = (hit[0], hit[1], hit[2])
+        results.setdefault((path, sampler), {})[seed] = tuple(hit)
     rows = []
     for p in paths:
         for s in samplers:

@@ -488,8 +488,9 @@ def default_targets(rows: Sequence[Row], say: Callable[[str], None] = print) -> 
     say("")
     say(f"default sampler ({DEFAULT}): boots to 98% of the optimum, target median <= "
         f"{DEFAULT_MEDIAN} and worst <= {DEFAULT_WORST} on every landscape:")
-    tied = {r.profile: r for r in rows if r.sampler == DEFAULT + "~"}
-    again = {r.profile: r for r in rows if r.sampler == DEFAULT + "^"}
+    lands = _landscapes()
+    tied = {r.profile: r for r in rows if r.sampler == DEFAULT + lands.TIED}
+    again = {r.profile: r for r in rows if r.sampler == DEFAULT + lands.RESAMPLED}
     for r in mine:
         ok = r.median <= DEFAULT_MEDIAN and r.worst <= DEFAULT_WORST
         line = (f"  {Path(r.profile).name:<28} median {_fmt(r.median, r.budget):>4}, worst "

@@ -113,16 +113,15 @@ def schedule_config(cfg: BackendConfig | None, params: Mapping[str, Any],
 
 
 def schedule_serve_command(cfg: BackendConfig, params: Mapping[str, Any],
-                           ranges: list[list[int]]) -> str:
+                           ranges: list[list[int]]) -> str | None:
     """The `vllm serve` command of a per-batch-size K schedule for an experiment of any
     engine: a vLLM experiment's own launch command (its flags, its draft mapping); another
-    engine's model and tensor parallelism, with `schedule_config`'s speculative config."""
+    engine's model and tensor parallelism, with `schedule_config(cfg, params, ranges)`."""
     if cfg.kind == "vllm":
-        return VLLMBackend().schedule_command(cfg, params, ranges)[0] or ""
-    top = max(k for _, _, k in ranges)
-    conf = schedule_config(cfg, {**params, STEPS: top}, ranges)
+        return VLLMBackend().schedule_command(cfg, params, ranges)[0]
     return shlex.join(["vllm", "serve", cfg.model_path, "--tensor-parallel-size",
-                       str(cfg.tp_size), "--speculative-config", json.dumps(conf)])
+                       str(cfg.tp_size), "--speculative-config",
+                       json.dumps(schedule_config(cfg, params, ranges))])
 
 
 def uses_module_form(binary: str | None) -> bool:

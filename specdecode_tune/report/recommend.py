@@ -263,7 +263,7 @@ def schedule(data: RunData) -> Schedule:
     top_params = {**base, STEPS: top}
     vllm = vllm_backend.schedule_config(exp.backend if exp else None, top_params, ranges)
     if exp is not None:
-        vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, base, ranges)
+        vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, top_params, ranges)
     return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
                     slots=tuple(slots), trtllm=trtllm, params=params)
 

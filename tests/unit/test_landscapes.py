@@ -436,8 +436,8 @@ def test_boots_to_a_resampled_optimum(land_mod: ModuleType, table: Path) -> None
     land_mod.resampled_targets.cache_clear()
     targets = land_mod.resampled_targets(path)
     assert len(targets) == land_mod.RESAMPLES
-    assert all(t and t <= {(1, 2), (2, 1), (3, 1)} for t in targets)
-    assert sum((1, 2) in t for t in targets) > sum((3, 1) in t for t in targets)
+    assert all(t and t <= {(1, 2), (2, 1)} for t in targets)
+    assert any((1, 2) in t for t in targets) and any((2, 1) in t for t in targets)
     assert land_mod.resampled_hit(path, [(3, 2), (1, 1)]) is None
     assert land_mod.resampled_hit(path, [(3, 2), (1, 2), (2, 1)]) in (2, 3)
     assert land_mod.resampled_hit(path, [(1, 2), (2, 1)]) in (1, 2)
