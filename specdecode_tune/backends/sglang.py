@@ -26,6 +26,7 @@ from importlib import metadata
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
+from ..enginecache import expand_path
 from ..errors import ConfigError
 from ..records import GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
@@ -312,11 +313,11 @@ class SGLangBackend:
                     version: str | None = None) -> list[str]:
         """The server's arguments, with the flag names of `version` (default: the release
         the servers run, `engine_version`)."""
-        args = ["--model-path", cfg.model_path, "--tp-size", str(cfg.tp_size)]
+        args = ["--model-path", expand_path(cfg.model_path), "--tp-size", str(cfg.tp_size)]
         if not is_baseline(params) and cfg.speculative_algorithm:
             args += ["--speculative-algorithm", cfg.speculative_algorithm]
             if cfg.draft_model_path:
-                args += ["--speculative-draft-model-path", cfg.draft_model_path]
+                args += ["--speculative-draft-model-path", expand_path(cfg.draft_model_path)]
             for name, flag in _SPEC_FLAGS:
                 args += [flag, str(int(params[name]))]
         version = version or self.engine_version(cfg)[0]
@@ -366,9 +367,10 @@ class SGLangBackend:
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         """`--model-path`, the draft and `--tokenizer-path` where they are local paths (each
         may be a hub id instead; SGLang takes them as written)."""
-        files = hub_or_local("backend.model_path", cfg.model_path)
-        if cfg.speculative_algorithm:
-            files += hub_or_local("backend.draft_model_path", cfg.draft_model_path)
+        files = hub_or_local("backend.model_path", cfg.model_path, expand_path(cfg.model_path))
+        if cfg.speculative_algorithm and cfg.draft_model_path:
+            files += hub_or_local("backend.draft_model_path", cfg.draft_model_path,
+                                  expand_path(cfg.draft_model_path))
         return files + hub_or_local("backend.flags.tokenizer_path",
                                     cfg.flags.get("tokenizer_path"))
 

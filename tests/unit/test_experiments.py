@@ -76,7 +76,10 @@ def test_sglang_servers_are_sized_for_the_highest_concurrency(path: Path) -> Non
     exp = load_experiment(path)
     top = max(exp.measure.concurrency)
     argv = argv_of(exp, exp.search.enqueue[0] if exp.search.enqueue else {})
-    assert int(flag(argv, "--cuda-graph-max-bs")) >= top
+    # The flag's name is the release's (from SGLang 0.5.14: --cuda-graph-max-bs-decode).
+    name = "--cuda-graph-max-bs-decode" if "--cuda-graph-max-bs-decode" in argv \
+        else "--cuda-graph-max-bs"
+    assert int(flag(argv, name)) >= top
     if exp.backend.kind == "sglang":
         assert int(flag(argv, "--max-running-requests")) >= top
 
@@ -88,7 +91,7 @@ def _hybrid(path: Path) -> bool:
     from specdecode_tune.sim.profile import DEFAULT_PROFILE, load_profile
     exp = load_experiment(path)
     if exp.backend.kind == "sglang":
-        return True
+        return exp.backend.model_path == SEED_MODEL   # (sglang-gpu: a Llama the route trains)
     return exp.backend.kind == "sim" and load_profile(
         exp.backend.profile or DEFAULT_PROFILE).architecture in RADIX_SPEC_REFUSED
 

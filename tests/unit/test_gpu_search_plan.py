@@ -1,0 +1,61 @@
+"""scripts/device/gpu_search.py's plan for an SGLang experiment: the engine's own Python, the
+EAGLE-3 test models trained by the route, the readings step (no GPU needed to plan)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _gpu_search():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_search", REPO / "scripts" / "device" / "gpu_search.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_search"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(experiment="experiments/sglang-gpu.toml", gpus_per_trial=None,
+                max_concurrent=None, max_trials=None, no_check=False, record=False,
+                readings=None, search_args=[])
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_sglang_plan_runs_servers_through_the_engine_site_and_trains_the_models(tmp_path):
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    plan = gs.make_plan(_args(readings="--set speculative_num_steps=3 --concurrency 8"),
+                        work, 1)
+    ran = tomllib.loads(plan["run_experiment_text"])
+    assert ran["backend"]["python"] == str(work.root / "engines" / "sglang" / "python")
+    assert plan["engine"] == "sglang"
+    assert plan["make_models"] is True
+    assert plan["model"] == str(work.cache / "eagle3-models" / "target")
+    assert plan["draft"] == str(work.cache / "eagle3-models" / "eagle3")
+    assert plan["readings"] == ["--set", "speculative_num_steps=3", "--concurrency", "8"]
+    # Everything else of the experiment is kept as written.
+    orig = tomllib.loads((REPO / "experiments" / "sglang-gpu.toml").read_text())
+    assert ran["space"] == orig["space"] and ran["measure"] == orig["measure"]
+
+
+def test_other_experiments_get_no_engine_and_no_models(tmp_path):
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    plan = gs.make_plan(_args(experiment="experiments/llamacpp-gpu.toml", gpus_per_trial=1),
+                        work, 1)
+    assert plan["engine"] is None and plan["make_models"] is False
+    assert plan["readings"] is None
+    assert "python" not in tomllib.loads(plan["run_experiment_text"])["backend"]
+
+
+def test_set_key_writes_strings_as_toml_strings():
+    gs = _gpu_search()
+    text = gs.set_key('[backend]\nkind = "sglang"\n', "backend", "python", '/a "b"/python')
+    assert tomllib.loads(text)["backend"]["python"] == '/a "b"/python'
