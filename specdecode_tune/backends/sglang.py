@@ -248,17 +248,33 @@ def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = Non
         return json.loads(resp.read())
 
 
-# SGLang's memory lines (model_runner.py, eagle_worker.py; 0.5.10.post1): each rank logs the free
-# memory of its GPU ("avail mem=X GB", X in 2**30 bytes, read after emptying the allocator's
-# cache) before it loads weights, and after each CUDA graph capture (target, draft, draft
-# extend) with what that capture kept: "[... TP0] Load weight begin. avail mem=...",
-# "[... TP0] Capture draft cuda graph end. Time elapsed: ... s. mem usage=... GB. avail
-# mem=... GB.".
+# SGLang's memory lines: each rank logs the free memory of its GPU ("avail mem=X GB", X in
+# 2**30 bytes, read after emptying the allocator's cache) before it loads weights, and after
+# each CUDA graph capture with what that capture kept. "Load weight begin. avail mem=X GB" is
+# the same in every release (0.5.10.post1 model_runner.py L1075, 0.5.17 L1012); the first one
+# of a rank is the target's (the draft model loads after it). The capture's end line:
+# - 0.5.10.post1 to 0.5.13: "Capture cuda graph end. Time elapsed: T s. mem usage=K GB. avail
+#   mem=X GB." (model_runner.py L2460-2461; the piecewise prefill graphs' L2574-2575; the EAGLE
+#   draft worker's "Capture draft cuda graph end. ..." and "Capture draft extend cuda graph
+#   end. ...", eagle_worker.py L257, L272): a period after the usage.
+# - from 0.5.14 (`CAPTURE_COMMA_SINCE`): one line per graph kind, a comma after the usage:
+#   "Capture target verify CUDA graph end. elapsed=T s, mem usage=K GB, avail mem=X GB." (0.5.17
+#   model_runner_components/cuda_graph_setup.py L453-455: "{target|draft} {decode|verify}";
+#   L374-376: "target prefill" / "draft prefill"; eagle_worker_v2.py L384-387 "draft decode",
+#   L479-482 "draft extend"; multi-layer EAGLE's per-step draft extend,
+#   multi_layer_eagle_draft_extend_cuda_graph_runner.py L602-605, L905-907).
+# Both forms are read. From 0.5.12 the draft worker writes its own captures' lines (draft
+# decode, draft extend) on TP rank 0 only (`log_info_on_rank0`; 0.5.17 eagle_worker_v2.py L362,
+# L382, L455, L477), after the lines every rank writes, so with tp > 1 the other ranks' logs
+# stop short: their missing captures are taken as TP0's (the draft is sharded alike), their
+# usage taken off the rank's last reading and added to what its captures kept.
+# The rank tags come from SGLang's log prefix ("[%(asctime)s DP0 PP0 ATTN_CP0 MOE_DP0 TP1 EP1]",
+# configure_logger's prefix as the scheduler builds it; the same in 0.5.17, scheduler.py
+# L4846-4856).
+CAPTURE_COMMA_SINCE = "0.5.14"
 _LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
-_CAPTURE_END = re.compile(r"Capture [^\n]*? end\. [^\n]*?mem usage=(-?[0-9.]+) GB\. "
+_CAPTURE_END = re.compile(r"Capture [^\n]*? end\. [^\n]*?mem usage=(-?[0-9.]+) GB[.,] "
                           r"avail mem=([0-9.]+) GB")
-# The rank tags of SGLang's log prefix ("[%(asctime)s DP0 PP0 ATTN_CP0 MOE_DP0 TP1 EP1]",
-# configure_logger's prefix as the scheduler builds it).
 _RANK = re.compile(r"\b([A-Z][A-Z_]*\d+)\b")
 
 
@@ -266,30 +282,40 @@ def memory_facts(log_text: str) -> dict[str, float]:
     """records.MEMORY_ROOM and GRAPH_MEMORY from a boot's log: the free memory after the last
     CUDA graph capture, and the memory the captures kept (their "mem usage" summed), over the
     free memory before the weights, on the rank with the least room; {} where the log has no
-    capture line (CUDA graphs off, a CPU server).
+    capture line (CUDA graphs off, a CPU server). A rank whose log lacks the last captures of
+    the rank with the most (SGLang >= 0.5.12 logs the draft's on TP0 only) is given that
+    rank's usage for them.
 
     SGLang sizes its static pool as mem_fraction_static times the memory free at start-up (the
-    rest outside the pool is that times 1 - mem_fraction_static: `profile_max_num_token`), so
-    adding r to the fraction takes r times that memory from what the capture had: the room is
-    how far the fraction could have risen, at most. Not the boundary itself: the warm-up
-    passes before each capture use memory they free before the reading."""
+    rest outside the pool is that times 1 - mem_fraction_static: `profile_max_num_token`;
+    0.5.17 kv_cache_configurator.py `_profile_available_bytes`, where the draft's weights are
+    in the pool too), so adding r to the fraction takes r times that memory from what the
+    capture had: the room is how far the fraction could have risen, at most. Not the boundary
+    itself: the warm-up passes before each capture use memory they free before the reading."""
     first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    kept: dict[str, float] = {}
+    captures: dict[str, list[tuple[float, float]]] = {}    # (mem usage, avail mem) per line
     for line in log_text.splitlines():
         head = line[:line.find("]") + 1] if line.startswith("[") else ""
         rank = " ".join(_RANK.findall(head))
         if (m := _LOAD_BEGIN.search(line)) is not None:
             first.setdefault(rank, float(m.group(1)))
         elif (m := _CAPTURE_END.search(line)) is not None and rank in first:
-            kept[rank] = kept.get(rank, 0.0) + max(0.0, float(m.group(1)))
-            last[rank] = float(m.group(2))
-    ranks = [r for r in last if first[r] > 0]
-    if not ranks:
+            captures.setdefault(rank, []).append((max(0.0, float(m.group(1))),
+                                                  float(m.group(2))))
+    if not captures:
         return {}
-    rank = min(ranks, key=lambda r: last[r] / first[r])
-    return {MEMORY_ROOM: round(last[rank] / first[rank], 6),
-            GRAPH_MEMORY: round(kept[rank] / first[rank], 6)}
+    fullest = max(captures.values(), key=len)
+    room: dict[str, tuple[float, float]] = {}
+    for rank, lines in captures.items():
+        if first[rank] <= 0:
+            continue
+        unseen = sum(usage for usage, _ in fullest[len(lines):])
+        room[rank] = ((lines[-1][1] - unseen) / first[rank],
+                      (sum(usage for usage, _ in lines) + unseen) / first[rank])
+    if not room:
+        return {}
+    left, graphs = min(room.values())
+    return {MEMORY_ROOM: round(max(0.0, left), 6), GRAPH_MEMORY: round(graphs, 6)}
 
 
 class SGLangBackend:
@@ -497,7 +523,10 @@ class SGLangBackend:
         # prefill, every 40th decode batch and after 30 s idle, so after a level's cut they keep
         # their last value for up to 30 s. GET /get_load asks the scheduler now (0.5.10:
         # http_server.py, scheduler_metrics_mixin.get_load): one item per DP rank, `num_reqs`
-        # = running + waiting. It needs the API key where one is set.
+        # = running + waiting. It needs the API key where one is set. From 0.5.11 it is a
+        # deprecated shim over /v1/loads with the same items and meaning (0.5.17
+        # http_server.py L809-835, load_inquirer.py `get_loads` L91-124), which logs a
+        # deprecation warning on each call.
         try:
             ranks = get_json(f"{base_url}/get_load", timeout_s, headers)
         except (OSError, ValueError):
