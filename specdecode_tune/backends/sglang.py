@@ -34,14 +34,32 @@ from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
 
-# SGLang's start-up failures: the memory pool check (the KV pool left after the weights cannot
-# hold one request), and server_args.py's argument checks, which assert or raise ValueError.
-# Its out-of-memory lines are PyTorch's (the classifier knows those for every engine); its
-# hints say "out-of-memory" and "This is not an out-of-memory error", which must not count.
+# SGLang's start-up failures (docs/engines-sglang.md section 12 has each line's source, per
+# release): the memory pool checks (the KV pool, or a hybrid model's state cache, left after
+# the weights cannot hold a request), and the argument checks, which assert or raise ValueError
+# in server_args.py (0.5.10.post1) or, from 0.5.13, in arg_groups/*.py (the speculative ones:
+# arg_groups/speculative_hook.py, called from server_args.py). Every pattern is kept whatever
+# the release: a line of one release never means another thing in another.
+# Its out-of-memory lines are PyTorch's (the classifier knows those for every engine; a capture
+# that runs out says "Capture cuda graph failed: CUDA out of memory. ..." in every release);
+# its hints say "out-of-memory", "an OOM problem" and "This is not an out-of-memory error",
+# which must not count.
 FAILURE_PATTERNS = FailurePatterns(
-    kv_memory=(r"Not enough memory\. Please try to increase --mem-fraction-static",),
+    kv_memory=(
+        # 0.5.10.post1 model_runner_kv_cache_mixin.py L57; 0.5.17 pool_configurator.py L64 (a
+        # budget that rounds to no token)
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+        # 0.5.14+ (0.5.17 mem_cache/kv_cache_configurator.py L1648): the weights (target and
+        # draft) leave no budget; 0.5.10.post1 said "Not enough memory" for this too
+        r"Loaded weights leave no GPU memory for the KV cache",
+        # 0.5.13+ (0.5.17 kv_cache_configurator.py L1964, L1754): a hybrid model's state cache
+        r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache",
+        r"state cache is too small to serve any requests",
+        # 0.5.14+ (0.5.17 pool_configurator.py L576): sliding-window models
+        r"leaves no room for the full KV pool",
+    ),
     arg_exceptions=("AssertionError",),
-    arg_check_files=(r"server_args\.py",),
+    arg_check_files=(r"server_args\.py", r"arg_groups[/\\]\w+\.py"),
 )
 
 

@@ -9,10 +9,14 @@ docs/engines-sglang.md section 12 is the table of these readings.
 
 from __future__ import annotations
 
+import sys
+import traceback
+
 import pytest
 
 from specdecode_tune.backends import get_backend, sglang
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
+from specdecode_tune.server.failures import classify_failure
 
 SGLANG = get_backend("sglang")
 
@@ -115,3 +119,123 @@ def test_lines_that_are_no_capture_end_say_nothing() -> None:
         "[t TP0] Capturing batches (bs=8 avail_mem=12.00 GB)",
     ])
     assert sglang.memory_facts(log) == {}
+
+
+# --------------------------------------------------------------------------- start-up refusals
+
+def traceback_log(frames: list[tuple[str, int, str]], last: str) -> str:
+    head = ["Traceback (most recent call last):"]
+    head += [f'  File "/venv/lib/python3.12/site-packages/{path}", line {line}, in {func}'
+             for path, line, func in frames]
+    return "\n".join([*head, last])
+
+
+# 0.5.17 FROM SOURCE: ServerArgs.__post_init__ (server_args.py L3435) calls
+# handle_speculative_decoding (L3592), which raises in arg_groups/speculative_hook.py (L786).
+ADAPTIVE_STEPS_0517 = traceback_log(
+    [("sglang/launch_server.py", 68, "<module>"),
+     ("sglang/srt/server_args.py", 9380, "prepare_server_args"),
+     ("sglang/srt/server_args.py", 8470, "from_cli_args"),
+     ("sglang/srt/server_args.py", 3592, "__post_init__"),
+     ("sglang/srt/arg_groups/speculative_hook.py", 141, "handle_speculative_decoding"),
+     ("sglang/srt/arg_groups/speculative_hook.py", 786, "_init_adaptive_speculative_params")],
+    "ValueError: --speculative-num-steps=4 is not in the adaptive config candidate_steps "
+    "[1, 5]. Pass one of those values.")
+
+# 0.5.17 FROM SOURCE: mem_cache/kv_cache_configurator.py L1647-1655 (values chosen).
+NO_KV_BUDGET_0517 = traceback_log(
+    [("sglang/srt/managers/scheduler.py", 979, "init_model_worker"),
+     ("sglang/srt/mem_cache/kv_cache_configurator.py", 1782, "_resolve_memory_pool_config"),
+     ("sglang/srt/mem_cache/kv_cache_configurator.py", 1647, "_profile_available_bytes")],
+    "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+    "--mem-fraction-static=0.5. Raise --mem-fraction-static above 0.612 (minimum viable = "
+    "1 - available/pre = 0.6111). If using speculative decoding, draft weights are now counted.")
+
+# The capture's failure, 0.5.17: decode_cuda_graph_runner.py L417-419 wraps PyTorch's error
+# and adds runner_backend_utils/__init__.py L14-21's hint (FROM SOURCE); PyTorch's words are
+# those a colleague saw on an H100 (by hand, not a stored capture).
+CAPTURE_OOM_0517 = (
+    "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 48.00 MiB. "
+    "GPU 0 has a total capacity of 79.18 GiB of which 7.38 MiB is free.\n"
+    "Possible solutions:\n"
+    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+    "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
+    "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. (Not recommended. "
+    "Huge performance loss)\n"
+    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n")
+
+# 0.5.17 FROM SOURCE: a prefill capture that fails without running out of memory logs
+# breakable_cuda_graph/context.py L45-50 (its hint says "an OOM problem", which is no OOM line).
+PREFILL_CRASH_0517 = (
+    "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    "Fail when using backend: breakable for prefill runner.\nPossible suggestions:\n"
+    "1. change to tc_piecewise by --cuda-graph-backend-prefill=tc_piecewise\n"
+    "2. disable the prefill CUDA graph by --cuda-graph-backend-prefill=disabled\n"
+    "3. if it is an OOM problem, set --mem-fraction-static to a smaller value (e.g., 0.8 or "
+    "0.7) or set --cuda-graph-max-bs-prefill to a smaller value (e.g., 2048)\n")
+
+
+@pytest.mark.parametrize(("log", "kind", "words"), [
+    # 0.5.10.post1: model_runner_kv_cache_mixin.py L57; server_args.py's checks
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current "
+     "value: mem_fraction_static=0.55", "kv_memory", "Not enough memory"),
+    (traceback_log([("sglang/srt/server_args.py", 3081, "_handle_speculative_decoding")],
+                   "ValueError: Ngram speculative decoding only supports CUDA device."),
+     "invalid_args", "Ngram speculative"),
+    # 0.5.17
+    (NO_KV_BUDGET_0517, "kv_memory", "Loaded weights leave no GPU memory for the KV cache"),
+    ("RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+     "Computed max_mamba_cache_size=0 (total_rest_memory=0.10 GB, mamba_cache_per_req=12.00 MB)."
+     " Try: (1) reduce --max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
+     "--speculative-num-draft-tokens, or (4) use GPUs with more memory.", "kv_memory",
+     "Not enough GPU memory for hybrid"),
+    ("RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any "
+     "requests. max_mamba_cache_size=2, mamba_ratio=3, resulting max_num_reqs=0. Try: ...",
+     "kv_memory", "state cache is too small"),
+    (ADAPTIVE_STEPS_0517, "invalid_args", "is not in the adaptive config candidate_steps"),
+    (CAPTURE_OOM_0517, "oom", "Capture cuda graph failed: CUDA out of memory"),
+    (PREFILL_CRASH_0517, "crashed", "an illegal memory access"),
+])
+def test_sglangs_start_up_refusals_of_both_releases(log: str, kind: str, words: str) -> None:
+    got, reason = classify_failure(1, log, SGLANG)
+    assert got == kind and words in reason, (got, reason)
+
+
+def test_an_argument_check_shows_by_its_arg_groups_frame_alone() -> None:
+    """A log tail that cut the traceback's server_args.py frames still names the check's file
+    (0.5.13+: arg_groups/speculative_hook.py)."""
+    tail = "\n".join(ADAPTIVE_STEPS_0517.splitlines()[-3:])
+    assert "server_args.py" not in tail
+    assert classify_failure(1, tail, SGLANG)[0] == "invalid_args"
+
+
+def _raise_in(path: str) -> BaseException:
+    code = compile("raise ValueError('refused')", path, "exec")
+    try:
+        exec(code, {})   # a frame with SGLang's file name, for the traceback
+    except ValueError as e:
+        return e
+    raise AssertionError("not raised")
+
+
+@pytest.mark.parametrize(("path", "verdict"), [
+    ("/venv/lib/python3.12/site-packages/sglang/srt/server_args.py", True),          # 0.5.10
+    ("/venv/lib/python3.12/site-packages/sglang/srt/arg_groups/speculative_hook.py", True),
+    ("/venv/lib/python3.12/site-packages/sglang/srt/configs/model_config.py", False),
+    ("/venv/lib/python3.12/site-packages/transformers/configuration_utils.py", False),
+])
+def test_the_argcheck_counts_arg_groups_as_sglangs_checks(path: str, verdict: bool) -> None:
+    """0.5.13 moved the speculative checks to arg_groups/speculative_hook.py: a refusal raised
+    there is SGLang's verdict on the command line, as one raised in server_args.py."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_argcheck_under_test", sglang.ARGCHECK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    exc = _raise_in(path)
+    assert traceback.extract_tb(exc.__traceback__)[-1].filename == path
+    assert module._raised_in_server_args(exc) is verdict
