@@ -90,14 +90,44 @@ def interpret_generate(obj: Any) -> tuple[bool, int | None, dict[str, Any] | Non
     return True, (ct if type(ct) is int else None), meta
 
 
+# The speculative fields of a finished request's last /generate chunk (tokenizer_manager.py
+# `_calculate_spec_decoding_metrics`: 0.5.10.post1 L1902-1943, 0.5.17 L2739-2818), by the
+# release that first writes them, newest first: (since, accepted draft tokens, proposed draft
+# tokens, histogram), each the names it writes, its own first, the old ones it keeps as
+# aliases after. Every release also writes `spec_verify_ct` and `spec_accept_length`
+# (= completion_tokens / spec_verify_ct). The meanings are the same in all: accepted = draft
+# tokens the target took (the bonus token not counted), proposed = spec_verify_ct times
+# (--speculative-num-draft-tokens - 1) as the server was started (under the adaptive schedule
+# that is the starting steps', not what each step drafted), histogram index j = this request's
+# verify steps that took exactly j draft tokens (0.5.10.post1 eagle_info.py L430-433, 0.5.17
+# batch_result_processor.py L636, L685-689).
+SPEC_FIELD_NAMES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    ("0.5.12", ("spec_num_correct_drafts", "spec_accepted_drafts"),
+     ("spec_num_proposed_drafts", "spec_proposed_drafts"),
+     ("spec_correct_drafts_histogram", "spec_accept_histogram")),
+    ("0.5.11", ("spec_accepted_drafts",), ("spec_proposed_drafts",), ("spec_accept_histogram",)),
+    ("0", ("spec_accept_token_num",), ("spec_draft_token_num",), ("spec_accept_histogram",)),
+)
+
+
+def spec_field_names(version: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(accepted, proposed, histogram) names that release `version` writes."""
+    return next(row[1:] for row in SPEC_FIELD_NAMES if at_least(version, row[0]))
+
+
+def _every(i: int) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for row in SPEC_FIELD_NAMES for name in row[i]))
+
+
 # What SGLang streams: its own /generate API beside the OpenAI ones, and per request (in
-# /generate's meta_info) its speculative counters, under names that changed across versions.
+# /generate's meta_info) its speculative counters, under the names of every release above,
+# the newest first (the load generator takes the first present, so one format reads them all).
 STREAM_FORMAT = StreamFormat(
     native_apis=(NativeApi("generate", "/generate", generate_body, interpret_generate),),
     verify_ct=("spec_verify_ct",),
-    accepted=("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num"),
-    drafted=("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num"),
-    histogram=("spec_correct_drafts_histogram", "spec_accept_histogram"),
+    accepted=_every(1),
+    drafted=_every(2),
+    histogram=_every(3),
 )
 
 # The release the contract tests parse with (tests/contract, scripts/install_sglang_cpu.sh) and

@@ -9,12 +9,15 @@ docs/engines-sglang.md section 12 is the table of these readings.
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 
 import pytest
 
 from specdecode_tune.backends import get_backend, sglang
+from specdecode_tune.load import Prompt, tally_level
+from specdecode_tune.load import RequestState as _Req
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.server.failures import classify_failure
 
@@ -239,3 +242,57 @@ def test_the_argcheck_counts_arg_groups_as_sglangs_checks(path: str, verdict: bo
     exc = _raise_in(path)
     assert traceback.extract_tb(exc.__traceback__)[-1].filename == path
     assert module._raised_in_server_args(exc) is verdict
+
+
+# --------------------------------------------------------------------------- /generate's fields
+
+# FROM SOURCE: the final chunk's meta_info as `_calculate_spec_decoding_metrics` writes it
+# (0.5.10.post1 tokenizer_manager.py L1927-1943; 0.5.17 L2765-2812), 3 verify steps of 3 draft
+# tokens each (steps 3, topk 1), 5 of 9 drafts taken, 1 + 3 + 5 = 9 tokens.
+META_0510 = {"completion_tokens": 9, "spec_accept_rate": 5 / 9, "spec_accept_length": 3.0,
+             "spec_accept_token_num": 5, "spec_draft_token_num": 9, "spec_verify_ct": 3,
+             "spec_accept_histogram": [0, 1, 2]}
+META_0517 = {"completion_tokens": 9, "spec_accept_rate": 5 / 9, "spec_accept_length": 3.0,
+             "spec_num_correct_drafts": 5, "spec_num_proposed_drafts": 9, "spec_verify_ct": 3,
+             "spec_accepted_drafts": 5, "spec_proposed_drafts": 9,
+             "spec_correct_drafts_histogram": [0, 1, 2], "spec_accept_histogram": [0, 1, 2]}
+# 0.5.17 as a colleague listed it from a live server by hand: no `spec_accept_histogram` alias
+# (the source writes one; the GPU run is to settle which).
+META_0517_AS_SEEN = {k: v for k, v in META_0517.items() if k != "spec_accept_histogram"}
+
+
+def read_final_chunk(meta: dict) -> None:
+    """The backend reads 3 verify steps, 5 of 9 drafts and histogram [0, 1, 2] from a final
+    /generate chunk with this meta_info, through the load generator's records."""
+    chunk = {"text": "w " * 9, "output_ids": list(range(9)), "meta_info": meta}
+    has_text, tokens, kept = sglang.interpret_generate(json.loads(json.dumps(chunk)))
+    assert has_text and tokens == 9
+    st = _Req(0, Prompt("p", None, 1, 100))
+    st.start, st.end, st.counted, st.in_win, st.inexact, st.meta = 0.0, 1.0, 9, 9, False, kept
+    [r], _ = tally_level([st], level=1, t0=0.0, w0=0.0, window_end=2.0,
+                         stream=sglang.STREAM_FORMAT)
+    assert (r.verify_ct, r.accepted_tokens, r.draft_tokens) == (3, 5, 9)
+    assert r.accept_histogram == (0, 1, 2)
+
+
+@pytest.mark.parametrize("meta", [META_0510, META_0517, META_0517_AS_SEEN])
+def test_the_final_chunks_spec_fields_of_each_release_are_read(meta: dict) -> None:
+    read_final_chunk(meta)
+
+
+@pytest.mark.parametrize(("version", "accepted", "proposed", "histogram"), [
+    ("0.5.10.post1", "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram"),
+    ("0.5.11", "spec_accepted_drafts", "spec_proposed_drafts", "spec_accept_histogram"),
+    ("0.5.12", "spec_num_correct_drafts", "spec_num_proposed_drafts",
+     "spec_correct_drafts_histogram"),
+    ("0.5.17", "spec_num_correct_drafts", "spec_num_proposed_drafts",
+     "spec_correct_drafts_histogram"),
+])
+def test_each_release_writes_its_names(version: str, accepted: str, proposed: str,
+                                       histogram: str) -> None:
+    names = sglang.spec_field_names(version)
+    assert (names[0][0], names[1][0], names[2][0]) == (accepted, proposed, histogram)
+    # the load generator's format takes every release's, the newest first
+    for mine, every in zip(names, (sglang.STREAM_FORMAT.accepted, sglang.STREAM_FORMAT.drafted,
+                                   sglang.STREAM_FORMAT.histogram)):
+        assert set(mine) <= set(every)
