@@ -15,6 +15,9 @@ Copies of the SGLang backend's knowledge (`backends/sglang.py`; docs/engines-sgl
   names kept as aliases).
 - /metrics: `sglang:spec_num_steps`, `sglang:spec_num_draft_tokens` (gauges) and
   `sglang:spec_verify_calls_total` (a counter) from 0.5.13.
+- /server_info's `internal_states[0].memory_usage`: from 0.5.17 `graph` is a dict by capture
+  phase (the draft's included) and `startup_available` is added (nothing of the project reads
+  either).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ CAPTURE_COMMA_SINCE = "0.5.14"
 KV_NO_BUDGET_SINCE = "0.5.14"
 CAPTURE_HINT_SINCE = "0.5.14"
 SPEC_METRICS_SINCE = "0.5.13"
+MEMORY_USAGE_BY_PHASE_SINCE = "0.5.17"
 
 # (since, accepted, proposed, histogram names), newest first: the backend's SPEC_FIELD_NAMES.
 SPEC_FIELD_NAMES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
@@ -95,3 +99,17 @@ def no_kv_budget(frac: float, available_gb: float, pre_gb: float) -> str:
             f"--mem-fraction-static={frac}. Raise --mem-fraction-static above "
             f"{suggested:.3f} (minimum viable = 1 - available/pre = {minimum:.4f}). If using "
             f"speculative decoding, draft weights are now counted.")
+
+
+def memory_usage(version: str, speculative: bool, *, weight_gb: float, kv_gb: float,
+                 graph_gb: float, tokens: int, available_gb: float) -> dict[str, object]:
+    """`internal_states[0].memory_usage` of /server_info: 0.5.10.post1 scheduler.py L3071-3078
+    (`graph` the target's capture, GB); 0.5.17 scheduler_components/memory_usage.py L15-41
+    (`graph` by phase, e.g. {"target_verify": ...}; the free memory after start-up)."""
+    if not at_least(version, MEMORY_USAGE_BY_PHASE_SINCE):
+        return {"weight": round(weight_gb, 2), "kvcache": round(kv_gb, 2),
+                "token_capacity": tokens, "graph": round(graph_gb, 2)}
+    phase = "target_verify" if speculative else "decode"
+    return {"weight": round(weight_gb, 3), "kvcache": round(kv_gb, 3),
+            "startup_available": round(available_gb, 3), "token_capacity": tokens,
+            "token_capacity_swa": None, "graph": {phase: round(graph_gb, 3)}}

@@ -147,12 +147,11 @@ class SimServer:
                     "effective_max_running_requests_per_dp": facts.max_running_requests,
                     "max_total_num_tokens": facts.max_total_num_tokens,
                     "last_gen_throughput": c.interval_gen_throughput,
-                    "memory_usage": {
-                        "weight": round(facts.weight_bytes / GiB, 2),
-                        "kvcache": round(kv_gb, 2),
-                        "graph": round(facts.headroom_need_bytes / GiB, 2),
-                        "token_capacity": facts.max_total_num_tokens,
-                    },
+                    "memory_usage": releases.memory_usage(
+                        self.version, facts.speculative, weight_gb=facts.weight_bytes / GiB,
+                        kv_gb=kv_gb, graph_gb=facts.headroom_need_bytes / GiB,
+                        tokens=facts.max_total_num_tokens,
+                        available_gb=facts.free_after_capture_bytes / GiB),
                 }
             ],
         }

@@ -130,3 +130,13 @@ def test_the_simulators_steps_gauge_follows_the_adaptive_slot(tmp_path: Path) ->
 
     alone, seen = asyncio.run(run())
     assert alone == (5, 6) and 1 in seen
+
+
+@pytest.mark.parametrize("version", ["0.5.10.post1", "0.5.17"])
+def test_the_simulators_memory_usage_of_each_release(version: str) -> None:
+    usage = releases.memory_usage(version, True, weight_gb=40.0, kv_gb=20.0, graph_gb=2.0,
+                                  tokens=1000, available_gb=9.0)
+    if version == "0.5.10.post1":
+        assert usage == {"weight": 40.0, "kvcache": 20.0, "token_capacity": 1000, "graph": 2.0}
+    else:
+        assert usage["graph"] == {"target_verify": 2.0} and usage["startup_available"] == 9.0
