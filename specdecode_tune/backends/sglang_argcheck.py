@@ -19,7 +19,10 @@ An answer is
     {"ok": false, "refused": true, "error": "...", "exit": argparse's code or null}
     {"ok": false, "refused": false, "error": "..."}
 `refused` is true for SGLang's own verdicts: argparse's (exit 2: an unknown flag, a bad value)
-and an exception raised in `sglang/srt/server_args.py` (its ValueError/AssertionError checks).
+and an exception raised in `sglang/srt/server_args.py` (its ValueError/AssertionError checks)
+or, from SGLang 0.5.13, in `sglang/srt/arg_groups/` (the speculative checks moved to
+`arg_groups/speculative_hook.py`, which `ServerArgs.__post_init__` calls: 0.5.17
+server_args.py L3590-3592).
 Anything else (a model's config.json not readable here, a hub id with no network, an import
 error) is not a verdict on the command line: the caller cannot tell, and boots.
 
@@ -52,11 +55,15 @@ FIELDS = ("speculative_algorithm", "disable_radix_cache", "max_running_requests"
           "mamba_scheduler_strategy", "attention_backend", "page_size",
           "disable_overlap_schedule", "mem_fraction_static", "cuda_graph_max_bs", "device")
 SERVER_ARGS_FILE = os.path.join("sglang", "srt", "server_args.py")
+ARG_GROUPS_DIR = os.path.join("sglang", "srt", "arg_groups") + os.sep
 
 
 def _raised_in_server_args(exc: BaseException) -> bool:
+    """Whether `exc` was raised by SGLang's argument checks: its innermost frame is in
+    server_args.py or in the arg_groups package."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and frames[-1].filename.endswith(SERVER_ARGS_FILE)
+    name = frames[-1].filename if frames else ""
+    return name.endswith(SERVER_ARGS_FILE) or ARG_GROUPS_DIR in name
 
 
 def _no_gpu() -> bool:

@@ -4,7 +4,8 @@ Three formats share one streaming loop (`server.py`): SGLang's native `/generate
 `/v1/completions` and `/v1/chat/completions`. Prompt "tokens" are whitespace-separated words of
 the prompt (or `len(input_ids)`); generated text is synthetic words, one per token id.
 
-`/generate` SSE chunks, as SGLang 0.5.10's tokenizer manager sends them: `{"text", "output_ids",
+`/generate` SSE chunks, as SGLang's tokenizer manager sends them (0.5.10.post1 and 0.5.17
+alike, but for the names of three speculative fields, below): `{"text", "output_ids",
 "meta_info": {"id", "finish_reason": null, "prompt_tokens", "completion_tokens" (cumulative),
 "cached_tokens"}}`, where `text` and `output_ids` are everything generated so far (cumulative;
 only this chunk's with `--incremental-streaming-output`). The final chunk's meta_info adds
@@ -13,9 +14,15 @@ only this chunk's with `--incremental-streaming-output`). The final chunk's meta
 (`_calculate_spec_decoding_metrics`, run only once the request has finished),
 `spec_verify_ct`, `spec_accept_length` (= completion_tokens / spec_verify_ct),
 `spec_accept_rate`, `spec_accept_token_num` (accepted draft tokens), `spec_draft_token_num`
-(verify steps x (draft tokens - 1)) and `spec_accept_histogram` (index i = verify steps that
-accepted exactly i draft tokens). No chunk before the last carries a `spec_*` key, nor does any
-without speculation. OpenAI streams send `choices[0].text` (or `delta.content`) deltas, a chunk with
+(verify steps x (draft tokens - 1), the draft tokens the server was started with) and
+`spec_accept_histogram` (index i = verify steps that accepted exactly i draft tokens). SGLang
+renamed the accepted, proposed and histogram fields (0.5.11: `spec_accepted_drafts`,
+`spec_proposed_drafts`; 0.5.12 on: `spec_num_correct_drafts`, `spec_num_proposed_drafts`,
+`spec_correct_drafts_histogram`, the older names kept as aliases); the simulator writes the
+names of the release it imitates (`--sglang-version`, `releases.spec_field_names`). No chunk
+before the last carries a `spec_*` key, nor does any without speculation.
+
+OpenAI streams send `choices[0].text` (or `delta.content`) deltas, a chunk with
 `finish_reason`, and `usage`: in a final chunk with empty `choices` when
 `stream_options.include_usage` is true, otherwise on the finish chunk.
 """
@@ -157,14 +164,24 @@ def parse_openai(body: Any, chat: bool) -> GenParams:
     )
 
 
+# The names 0.5.10.post1 writes (releases.SPEC_FIELD_NAMES has every release's).
+OLD_SPEC_NAMES = (("spec_accept_token_num",), ("spec_draft_token_num",),
+                  ("spec_accept_histogram",))
+
+
 class SglangFormat:
     """`/generate` bodies: text and output ids (cumulative unless `incremental`), meta_info."""
 
     def __init__(self, req: SimRequest, spec_draft_nodes: int | None,
-                 incremental: bool = False) -> None:
+                 incremental: bool = False,
+                 spec_names: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+                 = OLD_SPEC_NAMES) -> None:
         self.req = req
         self.spec_nodes = spec_draft_nodes   # draft tokens proposed per verify; None = no spec
         self.incremental = incremental       # --incremental-streaming-output
+        # (accepted, proposed, histogram) names of the imitated release, each its own name
+        # then its aliases (releases.spec_field_names)
+        self.spec_names = spec_names
         self.text = ""
         self.ids: list[int] = []
 
@@ -181,15 +198,17 @@ class SglangFormat:
             meta["e2e_latency"] = time.perf_counter() - r.created
             proposed = r.verify_ct * (self.spec_nodes or 0)
             if self.spec_nodes is not None and r.verify_ct > 0 and proposed > 0:
+                accepted, drafted, histogram = self.spec_names
                 meta.update(
                     spec_accept_rate=r.correct_drafts / proposed,
                     spec_accept_length=r.generated / r.verify_ct,
-                    spec_accept_token_num=r.correct_drafts,
-                    spec_draft_token_num=proposed,
+                    **{accepted[0]: r.correct_drafts, drafted[0]: proposed},
                     spec_verify_ct=r.verify_ct,
+                    **{k: r.correct_drafts for k in accepted[1:]},
+                    **{k: proposed for k in drafted[1:]},
                 )
                 if r.histogram:
-                    meta["spec_accept_histogram"] = list(r.histogram)
+                    meta.update({k: list(r.histogram) for k in histogram})
         return meta
 
     def chunks(self, ids: list[int], done: bool) -> list[dict[str, Any]]:

@@ -44,21 +44,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from specdecode_tune.sim import releases
 from specdecode_tune.sim.adaptive import Schedule
-from specdecode_tune.sim.arguments import StartupError, normalize_params
+from specdecode_tune.sim.arguments import EMULATED_VERSION, StartupError, normalize_params
 from specdecode_tune.sim.profile import Profile
 
 GiB = 1024**3
-# SGLang's words when a CUDA graph capture fails (model_executor/cuda_graph_runner.py
-# CUDA_GRAPH_CAPTURE_FAILED_MSG, 0.5.10.post1), after "Capture cuda graph failed: <error>".
-CUDA_GRAPH_CAPTURE_FAILED_MSG = (
-    "Possible solutions:\n"
-    "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-    "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n"
-    "3. disable torch compile by not using --enable-torch-compile\n"
-    "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
-    "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose \n"
-)
+# SGLang's words when a CUDA graph capture fails, after "Capture cuda graph failed: <error>"
+# (0.5.10.post1's; `releases.capture_failed_hint` gives the release's).
+CUDA_GRAPH_CAPTURE_FAILED_MSG = releases.CUDA_GRAPH_CAPTURE_FAILED_MSG
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +139,18 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     reserved = m.pool_fixed_bytes + m.pool_bytes_per_graph_token * gbs * n
     kv_bytes = frac * gpu - weights - reserved
     kv_tokens = int(kv_bytes // cell) if kv_bytes > 0 else 0
+    version = str(args.get("sglang_version") or EMULATED_VERSION)
     if kv_tokens < m.request_reserve_tokens:
         # SGLang: RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
+        # where the pool holds no token; from 0.5.14 a budget that is not positive (the weights
+        # fill the static part) is its own ValueError ("Loaded weights leave no GPU memory ...").
+        head = ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+                if kv_bytes > 0 or not releases.at_least(version, releases.KV_NO_BUDGET_SINCE)
+                else releases.no_kv_budget(frac, (gpu - weights - reserved) / GiB, gpu / GiB))
         raise StartupError(
             "kv_memory",
-            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            f"(mem_fraction_static={frac}: static pool {frac * gpu / GiB:.2f} GiB, weights "
-            f"{weights / GiB:.2f} GiB, reserved {reserved / GiB:.2f} GiB, KV pool "
+            f"{head} (mem_fraction_static={frac}: static pool {frac * gpu / GiB:.2f} GiB, "
+            f"weights {weights / GiB:.2f} GiB, reserved {reserved / GiB:.2f} GiB, KV pool "
             f"{kv_bytes / GiB:.2f} GiB = {kv_tokens} tokens, one request needs "
             f"{m.request_reserve_tokens})",
         )
@@ -188,7 +187,7 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
         raise StartupError(
             "crashed",
             "Exception: Capture cuda graph failed: selected index k out of range\n"
-            + CUDA_GRAPH_CAPTURE_FAILED_MSG,
+            + releases.capture_failed_hint(version),
         )
     mem_limit = kv_tokens // m.request_reserve_tokens
     flag = args["max_running_requests"]

@@ -2,10 +2,11 @@
 
 Only what the tuner and a curious user read: token counters, running/queued gauges, KV usage,
 the last-interval acceptance length and throughput, and TTFT / inter-token latency /
-end-to-end histograms. As in SGLang 0.5.10 (`observability/metrics_collector.py`) there is an
-inter-token latency histogram (`sglang:inter_token_latency_seconds`, SGLang's buckets) and no
-time-per-output-token one (that comes in 0.5.23). Every sample carries SGLang's `model_name`
-label.
+end-to-end histograms; from SGLang 0.5.13 (`--sglang-version`) the speculative steps and draft
+tokens gauges and the verify-calls counter too. As in SGLang 0.5.10 to 0.5.22
+(`observability/metrics_collector.py`) there is an inter-token latency histogram
+(`sglang:inter_token_latency_seconds`, SGLang's buckets) and no time-per-output-token one (that
+comes in 0.5.23). Every sample carries SGLang's `model_name` label.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from specdecode_tune.sim import releases
+from specdecode_tune.sim.arguments import EMULATED_VERSION
 
 if TYPE_CHECKING:   # scheduler imports Histogram from here; avoid the import cycle at run time
     from specdecode_tune.sim.scheduler import Scheduler
@@ -72,8 +76,9 @@ class Histogram:
         return out
 
 
-def render(scheduler: Scheduler, model_name: str) -> str:
-    """The Prometheus exposition text for the current state."""
+def render(scheduler: Scheduler, model_name: str, version: str = EMULATED_VERSION) -> str:
+    """The Prometheus exposition text for the current state, with the metrics of SGLang
+    release `version`."""
     c = scheduler.counters
     labels = f'model_name="{model_name}"'
     out: list[str] = []
@@ -100,6 +105,17 @@ def render(scheduler: Scheduler, model_name: str) -> str:
            c.interval_gen_throughput)
     sample("sglang:spec_accept_length", "gauge", "The average acceptance length, last interval.",
            c.interval_accept_length)
+    if releases.at_least(version, releases.SPEC_METRICS_SINCE):
+        # 0.5.13+ (0.5.17 observability/metrics_collector.py L440-451, L1491-1495): the steps
+        # and draft tokens of the decode batch at the last interval (the adaptive schedule's
+        # for its size), and verify steps of finished requests (counted at their finish,
+        # L1726-1727).
+        sample("sglang:spec_num_steps", "gauge", "Currently active speculative_num_steps.",
+               c.interval_num_steps)
+        sample("sglang:spec_num_draft_tokens", "gauge",
+               "Currently active speculative_num_draft_tokens.", c.interval_num_draft_tokens)
+        sample("sglang:spec_verify_calls_total", "counter",
+               "Number of speculative decoding verification calls.", c.finished_verify_ct)
     for name, hist, help_ in (
         ("sglang:time_to_first_token_seconds", c.ttft,
          "Histogram of time to first token in seconds."),

@@ -94,6 +94,11 @@ class Counters:
     verify_tokens: int = 0              # tokens produced by verify steps (not prefill)
     interval_accept_length: float = 0.0
     interval_gen_throughput: float = 0.0
+    # the decode batch's speculative steps and draft tokens at the last interval (0 without
+    # speculation), and the verify steps of finished requests (SGLang 0.5.13+'s /metrics)
+    interval_num_steps: int = 0
+    interval_num_draft_tokens: int = 0
+    finished_verify_ct: int = 0
     ttft: Histogram = field(default_factory=Histogram.latency)
     itl: Histogram = field(default_factory=Histogram.inter_token)
     e2e: Histogram = field(default_factory=Histogram.latency)
@@ -284,6 +289,9 @@ class Scheduler:
                 c.interval_gen_throughput = interval_tokens / max(now - interval_start, 1e-9)
                 c.interval_accept_length = (interval_tokens / interval_verify
                                             if interval_verify else 0.0)
+                steps, tokens, _ = self.facts.shape(len(batch))
+                c.interval_num_steps, c.interval_num_draft_tokens = (
+                    (steps, tokens) if self.facts.speculative else (0, 0))
                 interval_start, interval_tokens, interval_verify = now, 0, 0
 
     def _write_stats(self, now: float) -> None:
@@ -381,6 +389,7 @@ class Scheduler:
             return
         c = self.counters
         c.requests_finished += 1
+        c.finished_verify_ct += req.verify_ct
         c.e2e.observe(now - req.created)
 
 

@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from specdecode_tune import __version__
-from specdecode_tune.sim import metrics
+from specdecode_tune.sim import metrics, releases
 from specdecode_tune.sim.api import (
     BadRequest,
     GenParams,
@@ -38,7 +38,7 @@ from specdecode_tune.sim.api import (
     parse_generate,
     parse_openai,
 )
-from specdecode_tune.sim.arguments import StartupError
+from specdecode_tune.sim.arguments import EMULATED_VERSION, StartupError
 from specdecode_tune.sim.boot import Facts, GiB, startup
 from specdecode_tune.sim.faults import FaultInjector
 from specdecode_tune.sim.profile import Profile
@@ -73,6 +73,8 @@ class SimServer:
         self.facts: Facts | None = None
         self.scheduler: Scheduler | None = None
         self._task: asyncio.Task[None] | None = None
+        # the SGLang release imitated where releases differ (sim/releases.py)
+        self.version = str(args.get("sglang_version") or EMULATED_VERSION)
 
     @property
     def ready(self) -> bool:
@@ -94,9 +96,9 @@ class SimServer:
                 raise StartupError("oom", message)
             raise InjectedCrash(message)
         facts = startup(self.profile, self.args)
-        log.info("Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. "
-                 "avail mem=%.2f GB.", fail_at, facts.graph_kept_bytes / GiB,
-                 facts.free_after_capture_bytes / GiB)
+        log.info("%s", releases.capture_end_line(
+            self.version, facts.speculative, fail_at, facts.graph_kept_bytes / GiB,
+            facts.free_after_capture_bytes / GiB))
         log.info("max_total_num_tokens=%d, max_running_requests=%d, max_req_input_len=%d",
                  facts.max_total_num_tokens, facts.max_running_requests, facts.max_req_input_len)
         await asyncio.sleep(self.boot_seconds - fail_at)
@@ -145,12 +147,11 @@ class SimServer:
                     "effective_max_running_requests_per_dp": facts.max_running_requests,
                     "max_total_num_tokens": facts.max_total_num_tokens,
                     "last_gen_throughput": c.interval_gen_throughput,
-                    "memory_usage": {
-                        "weight": round(facts.weight_bytes / GiB, 2),
-                        "kvcache": round(kv_gb, 2),
-                        "graph": round(facts.headroom_need_bytes / GiB, 2),
-                        "token_capacity": facts.max_total_num_tokens,
-                    },
+                    "memory_usage": releases.memory_usage(
+                        self.version, facts.speculative, weight_gb=facts.weight_bytes / GiB,
+                        kv_gb=kv_gb, graph_gb=facts.headroom_need_bytes / GiB,
+                        tokens=facts.max_total_num_tokens,
+                        available_gb=facts.free_after_capture_bytes / GiB),
                 }
             ],
         }
@@ -211,14 +212,17 @@ class Routes:
         return self.sim.scheduler
 
     async def health(self, request: web.Request) -> web.Response:
-        """SGLang 0.5.10's `/health` = `/health_generate` (`http_server.py` `health_generate`):
-        503 while starting; unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false (a plain
-        200), a 1-token generation is submitted and polled every second, the first poll after
-        one second, for up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before a 503. So a probe of
-        a live server takes >= 1 s, as there (docs/engines-sglang.md section 8)."""
+        """SGLang's `/health` = `/health_generate` (`http_server.py` `health_generate`: 0.5.10
+        L476-548, 0.5.17 L646-720, the same): 503 while starting; unless
+        SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false (then `/health`, not
+        `/health_generate`, is a plain 200), a 1-token generation is submitted and polled
+        every second, the first poll after one second, for up to SGLANG_HEALTH_CHECK_TIMEOUT
+        (20 s) before a 503. So a probe of a live server takes >= 1 s, as there
+        (docs/engines-sglang.md section 8)."""
         if not self.sim.ready or self.sim.scheduler is None:
             return _error(503, "The server is starting up")
-        if os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in (
+        if request.path == "/health" and os.environ.get(
+                "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in (
                 "0", "false", "no", "off"):
             return web.Response(text="")
         timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
@@ -267,19 +271,23 @@ class Routes:
 
     async def metrics(self, request: web.Request) -> web.Response:
         name = self.sim.args["served_model_name"]
-        text = metrics.render(self._scheduler(), name)
+        text = metrics.render(self._scheduler(), name, self.sim.version)
         if self.sim.faults:
             text += "\n".join(self.sim.faults.metrics_lines(f'model_name="{name}"')) + "\n"
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         facts = self.sim.facts
-        nodes = facts.draft_tokens - 1 if facts is not None and facts.speculative else None
+        # SGLang counts a request's proposed drafts with the draft tokens it was started with
+        # (server_args; under the adaptive schedule the starting steps', whatever each step ran)
+        nodes = (int(facts.params["speculative_num_draft_tokens"]) - 1
+                 if facts is not None and facts.speculative else None)
         return await self._serve(
             request,
             lambda body: parse_generate(body, self.sim.profile.defaults.max_new_tokens),
             lambda req, params: SglangFormat(
-                req, nodes, bool(self.sim.args.get("incremental_streaming_output"))),
+                req, nodes, bool(self.sim.args.get("incremental_streaming_output")),
+                releases.spec_field_names(self.sim.version)),
             refusal_in_stream=True,
         )
 

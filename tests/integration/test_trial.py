@@ -66,6 +66,40 @@ def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
     assert not list((tmp_path / "logs" / "pids").glob("*.json"))   # teardown done
 
 
+@pytest.mark.parametrize("version", ["0.5.10.post1", "0.5.17"])
+def test_a_trial_reads_the_same_from_either_releases_words(tmp_path: Path, version: str) -> None:
+    """The simulator imitating SGLang 0.5.17 (backend.engine_version -> --sglang-version) logs
+    the capture with a comma and streams the renamed spec fields; the trial reads the same
+    memory facts and the same per-request counters from them as from 0.5.10.post1's."""
+    text = EXP.read_text().replace("[backend]\n", f'[backend]\nengine_version = "{version}"\n', 1)
+    text = text.replace("concurrency = [1, 16]", "concurrency = [4]", 1)
+    text = text.replace("duration_s = 5.0", "duration_s = 2.0", 1)
+    text = text.replace("output_len = 512", "output_len = 64", 1)
+    path = tmp_path / "sim-release.toml"
+    path.write_text(text)
+    exp = load_experiment(path)
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-release")
+    result = run_trial(exp, {"speculative_num_steps": 3}, ctx)
+    assert result.status == "ok", result.reason
+    log = (tmp_path / "logs" / "t-release.log").read_text()
+    comma = "Capture target verify CUDA graph end. elapsed="
+    assert (comma in log) == (version == "0.5.17") and "Capture" in log
+    params = {**resolve({"speculative_num_steps": 3}, exp.backend.flags),
+              "speculative_algorithm": "EAGLE3", "tp_size": 2}
+    facts = startup(load_profile("seed-qwen35-122b"), params)
+    assert result.facts.extra[MEMORY_ROOM] == pytest.approx(facts.memory_room, abs=1e-4)
+    assert result.facts.extra[GRAPH_MEMORY] == pytest.approx(facts.graph_memory, abs=1e-4)
+    rows = [r for r in results.read_tables(ctx.run_dir).requests.to_pylist()
+            if r["in_window"] and r["verify_ct"]]
+    assert rows
+    for r in rows:   # accepted + one token per verify step + the prefill's token
+        assert r["accepted_tokens"] + r["verify_ct"] + 1 == r["output_tokens"]
+        assert r["draft_tokens"] == 3 * r["verify_ct"]
+        assert sum(r["accept_histogram"]) == r["verify_ct"]
+    assert result.levels[0].accept_length is not None
+
+
 def test_refused_config_is_an_infeasible_result(tmp_path: Path) -> None:
     exp = load_experiment(EXP)
     ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
