@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from specdecode_tune import telemetry  # noqa: E402
-from specdecode_tune.backends import get_backend  # noqa: E402
+from specdecode_tune.backends import get_backend, refusals  # noqa: E402
 from specdecode_tune.config import load_experiment  # noqa: E402
 from specdecode_tune.errors import ServerStartError  # noqa: E402
 from specdecode_tune.load import Api, LevelPlan, measure  # noqa: E402
@@ -147,10 +147,7 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
         base = srv.base_url
         found["boot_s"] = srv.boot_s
         found["argv"] = backend.argv(exp.backend, params, srv.port)
-        for name, path in (("server_info.json", "/server_info"), ("health.txt", "/health"),
-                           ("health_generate.txt", "/health_generate"),
-                           ("get_load-idle.json", "/get_load"), ("model_info.json",
-                                                                 "/model_info")):
+        for name, path in RAW_GETS:
             status, text = fetch(base + path, 60.0)
             (raw / name).write_text(text)
             found.setdefault("status", {})[path] = status
@@ -191,15 +188,46 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
                               "gpus": [str(g) for g in sampler.gpus],
                               "verdict": dataclasses.asdict(tele)
                               if dataclasses.is_dataclass(tele) else repr(tele)}
-        # One answer kept whole: the final chunk's spec fields, verbatim.
-        prompt = "The quick brown fox jumps over the lazy dog. " * 4
-        native = backend.stream_format.native("generate")
-        body = native.body(_Prompt(prompt, 64, exp.workload.temperature,
-                                   exp.workload.ignore_eos)) if native else {}
-        stream_once(base, body, raw / "generate-sse.txt", 120.0)
-        found["stop"] = None
+        answers(exp, backend, base, raw, "")
     found["stop"] = srv.stop_outcome
     return found
+
+
+# What is kept of each server as it answered, before any load.
+RAW_GETS = (("server_info.json", "/server_info"), ("health.txt", "/health"),
+            ("health_generate.txt", "/health_generate"), ("get_load-idle.json", "/get_load"),
+            ("v1_loads-idle.json", "/v1/loads?include=core"), ("model_info.json", "/model_info"))
+
+
+def answers(exp: Any, backend: Any, base: str, raw: Path, tag: str) -> None:
+    """One /generate answer kept whole, streamed and not: the final chunk's spec fields as the
+    server words them."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    native = backend.stream_format.native("generate")
+    if native is None:
+        return
+    body = native.body(_Prompt(prompt, 64, exp.workload.temperature, exp.workload.ignore_eos))
+    stream_once(base, body, raw / f"generate-sse{tag}.txt", 120.0)
+    whole = {**body, "stream": False}
+    (raw / f"generate-whole{tag}.json").write_text(fetch(
+        base + "/generate", 120.0, json.dumps(whole).encode(),
+        {"Content-Type": "application/json"})[1])
+
+
+def other_point(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path,
+                tag: str) -> dict[str, Any]:
+    """Another healthy boot, kept for its words only: its log, /server_info, the answers."""
+    with boot(exp, backend, params, out / f"point{tag}.log") as srv:
+        (raw / f"server_info{tag}.json").write_text(fetch(srv.base_url + "/server_info")[1])
+        answers(exp, backend, srv.base_url, raw, tag)
+        return {"params": params, "boot_s": srv.boot_s,
+                "facts": dataclasses.asdict(backend.read_facts(srv.base_url)),
+                "memory": backend.memory_facts(srv.log_tail(4 << 20))}
+
+
+def argcheck(exp: Any, backend: Any, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's own argument check (run by the servers' Python) on these points."""
+    return {"points": points, "refusals": refusals(exp.backend, points)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adaptive", default=None,
                     help="a per-batch-size steps file to boot once on top of the point")
     ap.add_argument("--adaptive-set", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--point", action="append", default=[], metavar="NAME=VALUE[,...]",
+                    help="another healthy boot (the --set point with these changed), kept for "
+                         "its log, /server_info and one answer")
+    ap.add_argument("--argcheck", action="append", default=[], metavar="NAME=VALUE[,...]",
+                    help="a point for the engine's own argument check (no boot)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--drain-s", type=float, default=3.0)
@@ -289,6 +322,14 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if ok else f": {found[name]['error']}"))
 
     step("healthy", lambda: healthy(exp, backend, params, out, raw, args))
+    for i, change in enumerate(args.point):
+        point = {**base_point, **parse_sets(change.split(","), types)}
+        step(f"point-{i}", lambda p=point, i=i: other_point(
+            exp, backend, resolve(p, exp.backend.flags), out, raw, f"-{i}"))
+    if args.argcheck:
+        pts = [resolve({**base_point, **parse_sets(c.split(","), types)}, exp.backend.flags)
+               for c in args.argcheck]
+        step("argcheck", lambda: argcheck(exp, backend, pts))
     for i, change in enumerate(args.refuse):
         point = {**base_point, **parse_sets(change.split(","), types)}
         step(f"refused-{i}", lambda p=point, i=i: refused(
