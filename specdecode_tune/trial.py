@@ -16,6 +16,11 @@ server refused the workload with a 400) measured nothing: it is kept (suspect, i
 why) and the trial ends there as "failed", with the first failed request's words as the reason
 ("no request succeeded at C=1: http 400: <the server's message>"), never as "ok" at 0 tok/s.
 
+The server's facts, its load and its counters are read with the experiment's API key
+(`api_headers`), as the measured requests are: a server that refuses it (401/403) ends the
+trial as "failed" with that reason (`errors.KeyRefused`), and a fact whose endpoint gave nothing
+else is named in the row's facts (`records.FACTS_UNREAD`), never left a silent None.
+
 Before that check, the trial waits (up to `DRAIN_S`) until the server runs and queues no
 request: the requests cut at the level's end go on in the server until it sees the closed
 connection, and their work must neither count in the next level's counters nor load its start.
@@ -39,11 +44,11 @@ from typing import Any
 from . import results, telemetry
 from .backends import get_backend, preflight, refusals
 from .config import Experiment, MeasureConfig, load_experiment
-from .errors import ConfigError, ServerStartError
+from .errors import ConfigError, KeyRefused, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .load.slo import Slo, good_requests
 from .load.tokencount import server_lengths
-from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
+from .records import FACTS_UNREAD, LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
 from .store import rundir
@@ -190,7 +195,7 @@ def run_trial(
                           log_path=rundir.server_log(ctx.local_dir, ctx.trial_id),
                            boot_timeout_s=exp.backend.boot_timeout_s,
                            pidfile=rundir.pidfile(ctx.local_dir, ctx.trial_id)) as srv:
-            facts = backend.read_facts(srv.base_url)
+            facts = backend.read_facts(srv.base_url, headers=api_headers(exp))
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
@@ -221,7 +226,7 @@ def run_trial(
 
             def level_start(_plan: LevelPlan) -> None:
                 sampler.cut()             # the warm-up and the pause between levels: dropped
-                counters[:] = [backend.metrics_snapshot(srv.base_url)]
+                counters[:] = [backend.metrics_snapshot(srv.base_url, api_headers(exp))]
 
             def record(summary: LevelSummary, records: Sequence[RequestRecord]) -> None:
                 tele = sampler.cut()
@@ -237,7 +242,7 @@ def run_trial(
                     # Servers that give no per-request verify counts (vLLM, llama.cpp): the
                     # acceptance of the level from their counters' deltas.
                     acc, hist = backend.window_acceptance(
-                        counters[0], backend.metrics_snapshot(srv.base_url))
+                        counters[0], backend.metrics_snapshot(srv.base_url, api_headers(exp)))
                     if acc is not None:
                         summary = dataclasses.replace(
                             summary, accept_length=acc,
@@ -297,6 +302,10 @@ def run_trial(
     except ServerStartError as e:
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
+    except KeyRefused as e:
+        # The server wants a key its own reads did not bring: every fact and counter would be
+        # missing, so the trial stops here (the server is stopped on the way out).
+        return finish("failed", str(e), facts)
     return finish("ok", "", facts)
 
 
@@ -414,9 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         facts = result.facts
         print(f"status: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+        unread = facts.extra.get(FACTS_UNREAD)
         print(f"server: max_total_num_tokens={facts.max_total_num_tokens} "
               f"max_running_requests={facts.max_running_requests} "
-              f"gpus={','.join(facts.gpu_ids) or '-'}")
+              f"gpus={','.join(facts.gpu_ids) or '-'}"
+              + (f" (not read: {unread})" if unread else ""))
         print(f"tables: {run_dir}/{rundir.TABLES_DIR}")
     return 0 if result.status in ("ok", "infeasible", "pruned") else 1
 

@@ -13,6 +13,9 @@ Before a search starts anything it runs `preflight` (the backend's `validate` an
 files it names) and `check_args` on the baseline's command line: a backend that can tell
 without a boot whether its server would refuse a command line implements `ChecksArgs` (only
 the simulator can: it runs its own CLI with `--check-args`, see `simargs`).
+
+Every read a backend makes of a running server (facts, load, counters) goes through `httpread`
+with the headers the trial gives it: the API key reaches every endpoint that wants it.
 """
 
 from __future__ import annotations
@@ -62,8 +65,11 @@ class Backend(Protocol):
         """The files on the server's machine that it would read at start-up (models, drafts,
         tokenizers named as local paths; not hub ids), checked before a local search."""
 
-    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
-        """What the healthy server says about itself (KV budget, running limit, GPUs)."""
+    def read_facts(self, base_url: str, timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> ServerFacts:
+        """What the healthy server says about itself (KV budget, running limit, GPUs), read
+        with `headers` (the API key; a 401/403 raises errors.KeyRefused). An endpoint that
+        gives nothing else is named in `extra[records.FACTS_UNREAD]`, never a silent None."""
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         """The command a person runs to serve with these settings (for the report)."""
@@ -93,9 +99,11 @@ class Backend(Protocol):
         static pool is sized against): the free memory after the last CUDA graph capture and
         what the captures kept; {} where the engine's log does not say."""
 
-    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+    def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
+                         ) -> dict[str, float] | None:
         """The server's speculative counters now (taken before and after a measurement
-        window), or None where the server has none (SGLang: acceptance comes per request)."""
+        window), or None where the server has none (SGLang: acceptance comes per request);
+        read with `headers` (the API key), as `in_flight` is."""
 
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None
