@@ -35,7 +35,6 @@ import os
 import socket
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 from . import results, telemetry
 from .backends import get_backend, preflight, refusals
-from .config import Experiment, MeasureConfig, load_experiment
+from .config import Experiment, MeasureConfig, cliargs, load_experiment
 from .errors import ConfigError, KeyRefused, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .load.slo import Slo, good_requests
@@ -52,6 +51,7 @@ from .records import FACTS_UNREAD, LevelSummary, RequestRecord, ServerFacts, Tri
 from .server import ServerProcess
 from .space import invalid_reason, resolve
 from .store import rundir
+from .store.files import check_writable
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
 INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
@@ -351,20 +351,6 @@ def _last_line(text: str) -> str:
 # CLI: one trial by hand
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected NAME=VALUE, e.g. "
-                              f"speculative_num_steps=4")
-        try:
-            out[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = raw
-    return out
-
-
 def format_levels(levels: Sequence[LevelSummary]) -> str:
     head = f"{'level':>8} {'tok/s':>9} {'req/s':>7} {'ttft p50':>9} {'tpot p50':>9} " \
            f"{'accept':>7} {'errors':>6}  note"
@@ -379,36 +365,42 @@ def format_levels(levels: Sequence[LevelSummary]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; each value is checked as the experiment's are (`config.cliargs`)."""
+    ap = cliargs.Parser(
         prog="python -m specdecode_tune.trial",
         description="Boot one server with one parameter set and measure it at each level.")
     ap.add_argument("--experiment", default="experiments/sim-default.toml",
+                    type=cliargs.text("a TOML experiment file"),
                     help="experiment TOML (default: %(default)s)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a parameter value, e.g. speculative_num_steps=4 (repeatable)")
-    ap.add_argument("--run-dir", default=None,
+                    type=cliargs.setting,
+                    help="a parameter value, e.g. speculative_num_steps=4 (repeatable); held "
+                         "to the parameter's type and [space] range")
+    ap.add_argument("--run-dir", default=None, type=cliargs.text("a folder or a storage URI"),
                     help="where tables go (default: runs/<experiment>/manual)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cliargs.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         exp = load_experiment(args.experiment)
         preflight(exp.backend)   # the server runs here: its model files must be here too
-        sampled = _parse_set(args.set)
-        known = {p.name for p in exp.space} | set(exp.backend.flags)
-        unknown = sorted(set(sampled) - known - {"speculative_eagle_topk",
-                                                  "speculative_num_draft_tokens",
-                                                  "speculative_num_steps"})
-        if unknown:
-            raise ConfigError(f"--set {unknown[0]}: not a parameter of {args.experiment} "
-                              f"(searched: {', '.join(sorted(known))})")
+        sampled = cliargs.point_from_sets(args.set, exp)
+        run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
+        # Before the boot: a run dir that cannot be written would lose the levels measured.
+        check_writable("--run-dir", args.run_dir or run_dir, run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
     trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
                f"{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(run_dir), trial_id=trial_id)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(rundir.local_dir(run_dir)),
+                       trial_id=trial_id)
     params = resolve(sampled, exp.backend.flags)
     print(f"trial {trial_id}: {json.dumps(params, sort_keys=True)}", flush=True)
 

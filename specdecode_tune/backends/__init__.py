@@ -20,6 +20,7 @@ with the headers the trial gives it: the API key reaches every endpoint that wan
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -134,11 +135,15 @@ ANY_ENGINE_STREAM: StreamFormat = union_streams(b.stream_format for b in BACKEND
 def preflight(cfg: BackendConfig, *, local: bool = True) -> None:
     """ConfigError, one line, for a backend config its server would refuse at every boot:
     the backend's own rules (a simulator profile included) and, with `local` (the servers run
-    on this machine), the local files it names."""
+    on this machine), the local files it names; and an API-key variable that is not set (the
+    servers would get an empty key, the requests none)."""
     backend = get_backend(cfg.kind)
     backend.validate(cfg)
     if local:
         files.check(backend.local_files(cfg))
+    if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+        raise ConfigError(f"backend.api_key_env = {cfg.api_key_env!r}: that environment "
+                          f"variable is not set or empty (export the API key in it)")
 
 
 def check_args(cfg: BackendConfig, params: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import SAMPLERS, load_experiment
+from ..config import cliargs, load_experiment
 from ..errors import ConfigError, RunInUse, SearchStopped
 from ..server import reap_orphans
 from ..store import rundir
@@ -54,29 +54,38 @@ DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
 _PROJECT_EXPERIMENT = Path(__file__).resolve().parents[2] / DEFAULT_EXPERIMENT
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; each value is checked as the experiment's are (`config.cliargs`):
+    a bad one is one `error:` line and exit 2, before anything starts."""
+    ap = cliargs.Parser(
         prog="python -m specdecode_tune.search",
         description="Search speculative-decoding settings with Ray Tune + Optuna.")
     ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                    type=cliargs.text("a TOML experiment file"),
                     help="experiment TOML (default: %(default)s, the simulator)")
-    ap.add_argument("--max-trials", type=int, default=None,
+    ap.add_argument("--max-trials", type=cliargs.positive_int, default=None,
                     help="points Optuna explores (re-measurements come on top)")
-    ap.add_argument("--address", default=None,
+    ap.add_argument("--address", default=None, type=cliargs.address,
                     help="join this Ray cluster (HOST:PORT, 'auto'); default: a local one")
-    ap.add_argument("--storage", default=None,
+    ap.add_argument("--storage", default=None, type=cliargs.text("a folder or a storage URI"),
                     help="where run dirs live: a path or a pyarrow.fs URI (default: runs)")
-    ap.add_argument("--name", default=None, help="run name (default: the experiment's)")
+    ap.add_argument("--name", default=None, type=cliargs.run_name,
+                    help="run name (default: the experiment's)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="resume the run (the default when it exists)")
     g.add_argument("--fresh", action="store_true",
                    help="move an existing run dir aside and start over")
-    ap.add_argument("--sampler", default=None,
+    ap.add_argument("--sampler", default=None, type=cliargs.sampler,
                     help="hybrid | plateau | tpe | nsga2 | random | model (default: the "
                          "experiment's)")
-    ap.add_argument("--seed", type=int, default=None, help="sampler seed")
-    return ap.parse_args(argv)
+    ap.add_argument("--seed", type=cliargs.seed, default=None, help="sampler seed")
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line (argparse exits 2 with one `error:` line on a bad one)."""
+    return build_parser().parse_args(argv)
 
 
 def run_search(experiment: str | Path, *args: str) -> int:
@@ -95,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = parse_args(argv)
+    args = cliargs.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     t0 = time.monotonic()
     try:
         path = args.experiment
@@ -103,11 +114,6 @@ def _main(argv: Sequence[str] | None) -> int:
                 _PROJECT_EXPERIMENT.exists():
             path = str(_PROJECT_EXPERIMENT)
         exp = load_experiment(path)
-        if args.max_trials is not None and args.max_trials < 1:
-            raise ConfigError(f"--max-trials {args.max_trials}: must be >= 1")
-        if args.sampler is not None and args.sampler not in SAMPLERS:
-            raise ConfigError(f"--sampler {args.sampler!r}: must be one of "
-                              f"{', '.join(SAMPLERS)}")
         plan = plan_run(exp, args)
         if args.fresh and plan.is_uri:
             raise ConfigError(f"--fresh with a URI storage: give the new run another --name "
