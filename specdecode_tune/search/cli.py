@@ -11,8 +11,9 @@ sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `ta
 (the servers' process groups, so that a resumed run ends orphans of a killed one); the whole
 layout is `store.rundir`'s.
 
-Running the same command again resumes an interrupted search; `--fresh` moves the old run dir
-aside and starts over.
+Running the same command again resumes an interrupted search, with the experiment it was
+started with: an edited one is refused where the run's results would not hold for it, else
+what the run keeps is said (`changes`); `--fresh` moves the old run dir aside and starts over.
 
 Exit status: 0 done; 1 the search stopped (a failed baseline, a config-independent failure
 streak); 2 bad input (one `error:` line on stderr, nothing started or written) or Ray could not
@@ -34,6 +35,7 @@ from ..config import cliargs, load_experiment
 from ..errors import ConfigError, RunInUse, SearchStopped
 from ..server import reap_orphans
 from ..store import rundir
+from . import changes
 from .baseline import run_baseline
 from .leftovers import (
     RUN_TOKEN_ENV,
@@ -46,7 +48,7 @@ from .preflight import RunPlan, plan_run
 from .progress import say
 from .ray_cluster import check_gpus, dashboard_lines, start_ray
 from .summary import print_summary, stopped_early
-from .tuner import build_tuner, can_resume, keep_experiment, move_aside
+from .tuner import build_tuner, can_resume, keep_experiment, move_aside, run_settings
 from .validate import run_validation
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -121,12 +123,16 @@ def _main(argv: Sequence[str] | None) -> int:
         exists = can_resume(plan) if not args.fresh else False
         if args.resume and not exists:
             raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
+        # An edited experiment must not go on with the old one's results (changes.py).
+        differs = None if args.fresh else changes.check(exp, plan.run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sampler = args.sampler or exp.search.sampler
     seed = exp.search.seed if args.seed is None else args.seed
     max_trials = args.max_trials or exp.search.max_trials
+    max_concurrent = exp.search.max_concurrent
+    own: dict = run_settings(plan) if exists else {}
     pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
     # What a killed driver of this run left: its servers (their pidfiles), then everything
     # else it started (Ray's agents and workers: by the token its processes inherited).
@@ -149,13 +155,25 @@ def _main(argv: Sequence[str] | None) -> int:
             say(f"fresh start: the previous run was moved to {aside}")
     say(f"experiment: {exp.name} ({exp.source}) on backend {exp.backend.kind}"
         + (" (the embedded simulator, not a real server)" if exp.backend.kind == "sim" else ""))
-    if exists and args.sampler is not None:
-        say(f"--sampler {args.sampler}: ignored when resuming; the search goes on with the "
-            f"sampler it was started with (the trials table records it)")
+    if differs:
+        say(differs)
+    if exists:
+        # The resumed searcher and Tune keep what the run was started with.
+        given = {"sampler": args.sampler, "seed": args.seed, "max_trials": args.max_trials}
+        ignored = [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+                   if v is not None and v != own.get(k)]
+        if ignored:
+            say(f"{', '.join(ignored)}: ignored when resuming; the search goes on with the "
+                f"sampler, seed and trial cap it was started with"
+                + (f" ({own['sampler']}, seed {own['seed']}, {own['max_trials']} trials)"
+                   if own else " (the trials table records the sampler)"))
+        sampler = own.get("sampler", sampler)
+        seed = own.get("seed", seed)
+        max_trials = own.get("max_trials", max_trials)
+        max_concurrent = own.get("max_concurrent", max_concurrent)
     say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; "
-        + ("" if exists and args.sampler is not None else f"sampler {sampler}, ")
-        + f"{max_trials} trials, {exp.search.max_concurrent} at a time, "
-        f"{exp.search.gpus_per_trial} GPU(s) each)")
+        + ("" if exists and not own else f"sampler {sampler}, {max_trials} trials, ")
+        + f"{max_concurrent} at a time, {exp.search.gpus_per_trial} GPU(s) each)")
     keep_experiment(plan)
     # On a local cluster every process this driver starts (Ray's, the trials', the servers')
     # inherits this token, so none can outlive the search unseen.

@@ -195,7 +195,8 @@ def test_a_bad_value_is_one_error_line_and_exit_2_before_anything_starts(
 
     def started(what: str) -> Callable[..., None]:
         def fail(*args: object, **kwargs: object) -> None:
-            raise AssertionError(f"{what} although {flag} {value!r} is bad")
+            # pytest.fail is no Exception: the command's own `except Exception` cannot eat it.
+            pytest.fail(f"{what} although {flag} {value!r} is bad")
         return fail
 
     monkeypatch.setattr(ray, "init", started("Ray was started"))
