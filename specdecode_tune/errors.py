@@ -21,9 +21,14 @@ Defined here (the errors a user of the CLIs or of the package meets):
     │                         ValueError). Raised by `report.data.read_run`; the report CLI
     │                         prints `error: ...` and exits 2; the search, whose tables are
     │                         written by then, prints "report: not written (...)" and exits 0.
-    └── RunInUse              another live search drives this run dir; `.pid` is its PID.
-                              Raised by `leftovers.reap_driver`; the search CLI prints which
-                              PID holds the run and exits 2.
+    ├── RunInUse              another live search drives this run dir; `.pid` is its PID.
+    │                         Raised by `leftovers.reap_driver`; the search CLI prints which
+    │                         PID holds the run and exits 2.
+    └── KeyRefused            a running server answered 401/403 to one of the trial's own reads
+                              (facts, load, counters): the API key did not reach it. Raised by
+                              `backends.httpread`; the trial turns it into status "failed" with
+                              its message (every fact after it would be missing). It never
+                              reaches a CLI.
 
 Defined in the simulator (`specdecode_tune.sim`, a separate server program):
 
@@ -100,3 +105,20 @@ class RunInUse(SpecTuneError):
 class SearchStopped(SpecTuneError):
     """The search stops before its budget for a cause no config changes (the no-speculation
     baseline failed). The message is one line with the server's own words; exit status 1."""
+
+
+class KeyRefused(SpecTuneError):
+    """A server answered 401/403 to a read the trial makes of it (`backends.httpread`): the
+    API key did not reach it or was refused. `path`, `code`, and whether a key was sent."""
+
+    def __init__(self, path: str, code: int, key_sent: bool) -> None:
+        super().__init__(path, code, key_sent)     # args as given: it pickles (Ray)
+        self.path = path
+        self.code = code
+        self.key_sent = key_sent
+
+    def __str__(self) -> str:
+        sent = ("the key of backend.api_key_env was sent" if self.key_sent else
+                "no API key was sent: name its variable in backend.api_key_env")
+        return (f"the server refused the API key: GET {self.path} answered http {self.code} "
+                f"({sent})")

@@ -96,6 +96,10 @@ class LevelSummary:
 # GRAPH_MEMORY: what the captures kept (their graphs' memory).
 MEMORY_ROOM = "memory_room"
 GRAPH_MEMORY = "graph_memory"
+# ServerFacts.extra, from `Backend.read_facts`: why an endpoint the server's facts come from gave
+# nothing ("GET /server_info: http 404 Not Found"; one line, several joined with "; "). A fact
+# that is None beside it was not read, not absent; the trials table keeps it in facts_json.
+FACTS_UNREAD = "facts_unread"
 
 
 @dataclass(frozen=True, slots=True)

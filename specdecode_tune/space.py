@@ -20,6 +20,7 @@ nothing says: SGLang has no default then, and the backend always passes all thre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,12 +94,38 @@ class ParamSpec:
             return self.values()
         return [self.lo + (self.hi - self.lo) * i / (n - 1) for i in range(n)]
 
-    def contains(self, value: Any) -> bool:
+    def allowed(self) -> str:
+        """What a value of this parameter is, in words: 'an integer in [1, 12]'."""
         if self.type == "categorical":
-            return value in self.choices
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        return self.lo - 1e-9 <= value <= self.hi + 1e-9
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        kind = "an integer" if self.type == "int" else "a number"
+        return f"{kind} in [{self.lo:g}, {self.hi:g}]"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not a value of this parameter (its type, its range or its choices:
+        1.5 is no int, True no number, 2.0 not the choice 2), or None."""
+        if self.type == "categorical":
+            ok = any(_same_value(c, value) for c in self.choices)
+        elif isinstance(value, bool):
+            ok = False
+        elif self.type == "int":
+            ok = isinstance(value, int) and self.lo <= value <= self.hi
+        else:
+            ok = (isinstance(value, (int, float)) and math.isfinite(value)
+                  and self.lo - 1e-9 <= value <= self.hi + 1e-9)
+        return None if ok else f"must be {self.allowed()}"
+
+    def contains(self, value: Any) -> bool:
+        return self.problem(value) is None
+
+
+def _same_value(choice: Any, value: Any) -> bool:
+    """`value` is `choice`, by type as well (an int may stand for a float choice)."""
+    if isinstance(choice, bool) or isinstance(value, bool):
+        return type(choice) is type(value) and choice == value
+    if isinstance(choice, float) and isinstance(value, int):
+        return choice == value
+    return type(choice) is type(value) and choice == value
 
 
 def max_draft_tokens(steps: int, topk: int) -> int:

@@ -16,6 +16,11 @@ server refused the workload with a 400) measured nothing: it is kept (suspect, i
 why) and the trial ends there as "failed", with the first failed request's words as the reason
 ("no request succeeded at C=1: http 400: <the server's message>"), never as "ok" at 0 tok/s.
 
+The server's facts, its load and its counters are read with the experiment's API key
+(`api_headers`), as the measured requests are: a server that refuses it (401/403) ends the
+trial as "failed" with that reason (`errors.KeyRefused`), and a fact whose endpoint gave nothing
+else is named in the row's facts (`records.FACTS_UNREAD`), never left a silent None.
+
 Before that check, the trial waits (up to `DRAIN_S`) until the server runs and queues no
 request: the requests cut at the level's end go on in the server until it sees the closed
 connection, and their work must neither count in the next level's counters nor load its start.
@@ -30,7 +35,6 @@ import os
 import socket
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,15 +42,16 @@ from typing import Any
 
 from . import results, telemetry
 from .backends import get_backend, preflight, refusals
-from .config import Experiment, MeasureConfig, load_experiment
-from .errors import ConfigError, ServerStartError
+from .config import Experiment, MeasureConfig, cliargs, load_experiment
+from .errors import ConfigError, KeyRefused, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .load.slo import Slo, good_requests
 from .load.tokencount import server_lengths
-from .records import LevelSummary, RequestRecord, ServerFacts, TrialResult
+from .records import FACTS_UNREAD, LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
 from .space import invalid_reason, resolve
 from .store import rundir
+from .store.files import check_writable
 
 # Start-up failures that mean "this config does not fit / is refused": a fact about the point.
 INFEASIBLE_KINDS = ("oom", "kv_memory", "invalid_args")
@@ -190,7 +195,7 @@ def run_trial(
                           log_path=rundir.server_log(ctx.local_dir, ctx.trial_id),
                            boot_timeout_s=exp.backend.boot_timeout_s,
                            pidfile=rundir.pidfile(ctx.local_dir, ctx.trial_id)) as srv:
-            facts = backend.read_facts(srv.base_url)
+            facts = backend.read_facts(srv.base_url, headers=api_headers(exp))
             gpu_ids = facts.gpu_ids or tuple(
                 g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g)
             facts = dataclasses.replace(facts, gpu_ids=gpu_ids, boot_s=srv.boot_s)
@@ -221,7 +226,7 @@ def run_trial(
 
             def level_start(_plan: LevelPlan) -> None:
                 sampler.cut()             # the warm-up and the pause between levels: dropped
-                counters[:] = [backend.metrics_snapshot(srv.base_url)]
+                counters[:] = [backend.metrics_snapshot(srv.base_url, api_headers(exp))]
 
             def record(summary: LevelSummary, records: Sequence[RequestRecord]) -> None:
                 tele = sampler.cut()
@@ -237,7 +242,7 @@ def run_trial(
                     # Servers that give no per-request verify counts (vLLM, llama.cpp): the
                     # acceptance of the level from their counters' deltas.
                     acc, hist = backend.window_acceptance(
-                        counters[0], backend.metrics_snapshot(srv.base_url))
+                        counters[0], backend.metrics_snapshot(srv.base_url, api_headers(exp)))
                     if acc is not None:
                         summary = dataclasses.replace(
                             summary, accept_length=acc,
@@ -297,6 +302,10 @@ def run_trial(
     except ServerStartError as e:
         status = "infeasible" if e.kind in INFEASIBLE_KINDS else "failed"
         return finish(status, f"{e.kind}: {e.reason}", facts)
+    except KeyRefused as e:
+        # The server wants a key its own reads did not bring: every fact and counter would be
+        # missing, so the trial stops here (the server is stopped on the way out).
+        return finish("failed", str(e), facts)
     return finish("ok", "", facts)
 
 
@@ -342,20 +351,6 @@ def _last_line(text: str) -> str:
 # CLI: one trial by hand
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected NAME=VALUE, e.g. "
-                              f"speculative_num_steps=4")
-        try:
-            out[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = raw
-    return out
-
-
 def format_levels(levels: Sequence[LevelSummary]) -> str:
     head = f"{'level':>8} {'tok/s':>9} {'req/s':>7} {'ttft p50':>9} {'tpot p50':>9} " \
            f"{'accept':>7} {'errors':>6}  note"
@@ -370,36 +365,42 @@ def format_levels(levels: Sequence[LevelSummary]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; each value is checked as the experiment's are (`config.cliargs`)."""
+    ap = cliargs.Parser(
         prog="python -m specdecode_tune.trial",
         description="Boot one server with one parameter set and measure it at each level.")
     ap.add_argument("--experiment", default="experiments/sim-default.toml",
+                    type=cliargs.text("a TOML experiment file"),
                     help="experiment TOML (default: %(default)s)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a parameter value, e.g. speculative_num_steps=4 (repeatable)")
-    ap.add_argument("--run-dir", default=None,
+                    type=cliargs.setting,
+                    help="a parameter value, e.g. speculative_num_steps=4 (repeatable); held "
+                         "to the parameter's type and [space] range")
+    ap.add_argument("--run-dir", default=None, type=cliargs.text("a folder or a storage URI"),
                     help="where tables go (default: runs/<experiment>/manual)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = cliargs.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
         exp = load_experiment(args.experiment)
         preflight(exp.backend)   # the server runs here: its model files must be here too
-        sampled = _parse_set(args.set)
-        known = {p.name for p in exp.space} | set(exp.backend.flags)
-        unknown = sorted(set(sampled) - known - {"speculative_eagle_topk",
-                                                  "speculative_num_draft_tokens",
-                                                  "speculative_num_steps"})
-        if unknown:
-            raise ConfigError(f"--set {unknown[0]}: not a parameter of {args.experiment} "
-                              f"(searched: {', '.join(sorted(known))})")
+        sampled = cliargs.point_from_sets(args.set, exp)
+        run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
+        # Before the boot: a run dir that cannot be written would lose the levels measured.
+        check_writable("--run-dir", args.run_dir or run_dir, run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run_dir = args.run_dir or str(Path("runs") / exp.name / "manual")
     trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
                f"{time.strftime('%Y%m%d-%H%M%S')}"
-    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(run_dir), trial_id=trial_id)
+    ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(rundir.local_dir(run_dir)),
+                       trial_id=trial_id)
     params = resolve(sampled, exp.backend.flags)
     print(f"trial {trial_id}: {json.dumps(params, sort_keys=True)}", flush=True)
 
@@ -414,9 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         facts = result.facts
         print(f"status: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+        unread = facts.extra.get(FACTS_UNREAD)
         print(f"server: max_total_num_tokens={facts.max_total_num_tokens} "
               f"max_running_requests={facts.max_running_requests} "
-              f"gpus={','.join(facts.gpu_ids) or '-'}")
+              f"gpus={','.join(facts.gpu_ids) or '-'}"
+              + (f" (not read: {unread})" if unread else ""))
         print(f"tables: {run_dir}/{rundir.TABLES_DIR}")
     return 0 if result.status in ("ok", "infeasible", "pruned") else 1
 

@@ -13,10 +13,14 @@ Before a search starts anything it runs `preflight` (the backend's `validate` an
 files it names) and `check_args` on the baseline's command line: a backend that can tell
 without a boot whether its server would refuse a command line implements `ChecksArgs` (only
 the simulator can: it runs its own CLI with `--check-args`, see `simargs`).
+
+Every read a backend makes of a running server (facts, load, counters) goes through `httpread`
+with the headers the trial gives it: the API key reaches every endpoint that wants it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -62,8 +66,11 @@ class Backend(Protocol):
         """The files on the server's machine that it would read at start-up (models, drafts,
         tokenizers named as local paths; not hub ids), checked before a local search."""
 
-    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
-        """What the healthy server says about itself (KV budget, running limit, GPUs)."""
+    def read_facts(self, base_url: str, timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> ServerFacts:
+        """What the healthy server says about itself (KV budget, running limit, GPUs), read
+        with `headers` (the API key; a 401/403 raises errors.KeyRefused). An endpoint that
+        gives nothing else is named in `extra[records.FACTS_UNREAD]`, never a silent None."""
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         """The command a person runs to serve with these settings (for the report)."""
@@ -93,9 +100,11 @@ class Backend(Protocol):
         static pool is sized against): the free memory after the last CUDA graph capture and
         what the captures kept; {} where the engine's log does not say."""
 
-    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+    def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
+                         ) -> dict[str, float] | None:
         """The server's speculative counters now (taken before and after a measurement
-        window), or None where the server has none (SGLang: acceptance comes per request)."""
+        window), or None where the server has none (SGLang: acceptance comes per request);
+        read with `headers` (the API key), as `in_flight` is."""
 
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None
@@ -126,11 +135,15 @@ ANY_ENGINE_STREAM: StreamFormat = union_streams(b.stream_format for b in BACKEND
 def preflight(cfg: BackendConfig, *, local: bool = True) -> None:
     """ConfigError, one line, for a backend config its server would refuse at every boot:
     the backend's own rules (a simulator profile included) and, with `local` (the servers run
-    on this machine), the local files it names."""
+    on this machine), the local files it names; and an API-key variable that is not set (the
+    servers would get an empty key, the requests none)."""
     backend = get_backend(cfg.kind)
     backend.validate(cfg)
     if local:
         files.check(backend.local_files(cfg))
+    if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+        raise ConfigError(f"backend.api_key_env = {cfg.api_key_env!r}: that environment "
+                          f"variable is not set or empty (export the API key in it)")
 
 
 def check_args(cfg: BackendConfig, params: Mapping[str, Any]) -> None:

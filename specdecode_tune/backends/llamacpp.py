@@ -25,6 +25,8 @@ Parameters -> flags (llama.cpp as vendored in llama-cpp-python 0.3.36):
 - `mem_fraction_static` has no llama.cpp meaning and is not passed.
 - Any other setting is passed as `--name-with-dashes value` (e.g. `ctx_size`, `threads`).
 - `--metrics` is always on: the windowed acceptance reads its counters.
+- `backend.api_key_env`: the key goes to the server as `LLAMA_API_KEY` (its environment form
+  of `--api-key`), and to every read of `/props` and `/metrics`.
 
 `backend.binary` is the llama-server path (`${SPECDECODE_CACHE}` and `~` expand); unset, the
 one `scripts/build_llama_server.sh` builds, else `llama-server` on PATH. `model_path` expands
@@ -39,9 +41,9 @@ deltas of the draft-token and accepted-token counters.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
-import urllib.error
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,9 +51,9 @@ from typing import Any, ClassVar
 from ..config import BackendConfig
 from ..enginecache import expand_path, llama_server_path
 from ..errors import ConfigError
-from ..records import ServerFacts
+from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
-from . import speccounters
+from . import httpread, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile
 from .sglang import flag_args, get_json
@@ -59,6 +61,9 @@ from .streamformat import StreamFormat
 from .tokenize_endpoint import LLAMA_SERVER, TokenizeEndpoint
 
 METRICS_PREFIX = "llamacpp:"
+# The variable llama-server reads its API key from when --api-key is not given; with a key it
+# wants it on every path but /health, /v1/health, /models, /v1/models (so on /props, /metrics).
+API_KEY_ENV = "LLAMA_API_KEY"
 LLAMA_DEFAULT_NGRAM_N = 12        # llama.cpp's default lookup length (common.h)
 LLAMA_DEFAULT_NGRAM_MOD_N_MIN = 48
 
@@ -188,20 +193,28 @@ class LlamaCppBackend:
                 + ["--host", cfg.host, "--port", str(port)])
 
     def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
-        return dict(cfg.env)
+        env = dict(cfg.env)
+        if cfg.api_key_env:
+            # llama-server reads its key from LLAMA_API_KEY as from --api-key (common/arg.cpp):
+            # the environment keeps it off argv.
+            env[API_KEY_ENV] = os.environ.get(cfg.api_key_env, "")
+        return env
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
-        return shlex.join(["llama-server"] + self.server_args(cfg, params))
+        key = f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
+        return shlex.join(["llama-server"] + self.server_args(cfg, params)) + key
 
-    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
-        """From `/props`: `total_slots` (requests decoded together) and the context per slot;
-        the KV budget is slots x per-slot context (llama.cpp splits its context evenly)."""
+    def read_facts(self, base_url: str, timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> ServerFacts:
+        """From `/props` (it wants the API key where one is set): `total_slots` (requests
+        decoded together) and the context per slot; the KV budget is slots x per-slot context
+        (llama.cpp splits its context evenly)."""
         try:
-            props = get_json(base_url + "/props", timeout_s)
-        except (urllib.error.URLError, OSError, ValueError):
-            return ServerFacts()
+            props = get_json(base_url + "/props", timeout_s, headers)
+        except httpread.READ_ERRORS as e:
+            return ServerFacts(extra={FACTS_UNREAD: httpread.unread("/props", e)})
         if not isinstance(props, dict):
-            return ServerFacts()
+            return ServerFacts(extra={FACTS_UNREAD: "GET /props: not a JSON object"})
         gen = props.get("default_generation_settings")
         slot_ctx = _int(gen.get("n_ctx")) if isinstance(gen, dict) else None
         slots = _int(props.get("total_slots"))
@@ -221,7 +234,7 @@ class LlamaCppBackend:
                   timeout_s: float = 5.0) -> int | None:
         # llama-server computes these from its slots when /metrics is asked (a metrics task on
         # its queue), so they are current (the engine tests' drain holds it).
-        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
+        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
     def refusal_advice(self, message: str) -> str:
         return ""
@@ -235,8 +248,9 @@ class LlamaCppBackend:
     def memory_facts(self, log_text: str) -> dict[str, float]:
         return {}       # llama.cpp has no memory fraction to tune
 
-    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
-        return speccounters.scrape(base_url, METRICS_PREFIX)
+    def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
+                         ) -> dict[str, float] | None:
+        return speccounters.scrape(base_url, METRICS_PREFIX, headers=headers)
 
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None

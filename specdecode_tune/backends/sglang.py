@@ -19,8 +19,6 @@ import re
 import shlex
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar
@@ -28,9 +26,9 @@ from typing import Any, ClassVar
 from ..config import BackendConfig
 from ..enginecache import expand_path
 from ..errors import ConfigError
-from ..records import GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
+from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
-from . import simargs
+from . import httpread, simargs
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
@@ -274,10 +272,6 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-# Servers are on loopback: never send their requests through an HTTP(S)_PROXY from the env.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _without_endpoint(args: list[str]) -> list[str]:
     """Server arguments without `--host`/`--port` (the trial's port is a placeholder here)."""
     out, skip = [], False
@@ -292,9 +286,7 @@ def _without_endpoint(args: list[str]) -> list[str]:
 
 
 def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
-    req = urllib.request.Request(url, headers=dict(headers or {}))
-    with _OPENER.open(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
+    return httpread.get_json(url, timeout_s, headers)     # KeyRefused on 401/403
 
 
 # SGLang's memory lines: each rank logs the free memory of its GPU ("avail mem=X GB", X in
@@ -531,14 +523,18 @@ class SGLangBackend:
         `config_path` (the schedule command, and the search's validation trials)."""
         return {"speculative_adaptive": True, "speculative_adaptive_config": config_path}
 
-    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
+    def read_facts(self, base_url: str, timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> ServerFacts:
+        # /server_info wants the API key where one is set (KeyRefused without it).
         info: dict[str, Any] = {}
+        unread: list[str] = []
         for path in ("/server_info", "/get_server_info"):
             try:
-                info = get_json(base_url + path, timeout_s)
+                info = get_json(base_url + path, timeout_s, headers)
+                unread = []
                 break
-            except (urllib.error.URLError, OSError, ValueError):
-                continue
+            except httpread.READ_ERRORS as e:
+                unread.append(httpread.unread(path, e))
         states = info.get("internal_states") or [{}]
         state = states[0] if isinstance(states, list) and states else {}
 
@@ -564,7 +560,8 @@ class SGLangBackend:
             max_total_num_tokens=pick("max_total_num_tokens"),
             max_running_requests=running,
             gpu_ids=tuple(str(g) for g in gpu_ids) if isinstance(gpu_ids, list) else (),
-            extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info},
+            extra={k: info[k] for k in ("max_req_input_len", "version", "profile") if k in info}
+            | ({FACTS_UNREAD: "; ".join(unread)} if unread else {}),
         )
 
     def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
@@ -603,7 +600,8 @@ class SGLangBackend:
     def memory_facts(self, log_text: str) -> dict[str, float]:
         return memory_facts(log_text)
 
-    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
+    def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
+                         ) -> dict[str, float] | None:
         # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
         # last log interval, not a window, so there is nothing to difference.
         return None

@@ -31,25 +31,18 @@ never in the next one's.
 
 from __future__ import annotations
 
-import http.client
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 
-from . import prometheus
+from . import httpread, prometheus
 
 DRAFTS = "spec_decode_num_drafts_total"
 DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
 ACCEPTED = "spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 
-# Loopback scrapes must never go through an HTTP proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def get_text(url: str, timeout_s: float) -> str:
-    with _OPENER.open(url, timeout=timeout_s) as resp:
-        return resp.read().decode("utf-8", errors="replace")
+def get_text(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> str:
+    """GET `url` on loopback, no proxy (KeyRefused on 401/403: `httpread`)."""
+    return httpread.get_text(url, timeout_s, headers)
 
 
 def snapshot(samples: list[prometheus.Sample], prefix: str) -> dict[str, float]:
@@ -65,17 +58,20 @@ def snapshot(samples: list[prometheus.Sample], prefix: str) -> dict[str, float]:
     return out
 
 
-def read_samples(base_url: str, timeout_s: float = 5.0) -> list[prometheus.Sample] | None:
-    """The samples of `base_url/metrics`, or None when it cannot be read or parsed."""
+def read_samples(base_url: str, timeout_s: float = 5.0,
+                 headers: Mapping[str, str] | None = None) -> list[prometheus.Sample] | None:
+    """The samples of `base_url/metrics`, or None when it cannot be read or parsed (a server
+    that refuses the API key raises KeyRefused: llama-server wants it on /metrics)."""
     try:
-        return prometheus.parse(get_text(base_url + "/metrics", timeout_s))
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        return prometheus.parse(get_text(base_url + "/metrics", timeout_s, headers))
+    except httpread.READ_ERRORS:
         return None
 
 
-def scrape(base_url: str, prefix: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+def scrape(base_url: str, prefix: str, timeout_s: float = 5.0,
+           headers: Mapping[str, str] | None = None) -> dict[str, float] | None:
     """A snapshot of `base_url/metrics`, or None when it cannot be read or parsed."""
-    samples = read_samples(base_url, timeout_s)
+    samples = read_samples(base_url, timeout_s, headers)
     return None if samples is None else snapshot(samples, prefix)
 
 
@@ -143,10 +139,11 @@ def per_position(exact: Sequence[int]) -> tuple[int, ...]:
     return tuple(sum(exact[i + 1:]) for i in range(len(exact) - 1))
 
 
-def in_flight(base_url: str, gauges: Sequence[str], timeout_s: float = 5.0) -> int | None:
+def in_flight(base_url: str, gauges: Sequence[str], timeout_s: float = 5.0,
+              headers: Mapping[str, str] | None = None) -> int | None:
     """The requests the server is running or queueing now: the sum of its `gauges` on
     /metrics, or None when /metrics cannot be read or has none of them."""
-    samples = read_samples(base_url, timeout_s)
+    samples = read_samples(base_url, timeout_s, headers)
     if samples is None:
         return None
     wanted = set(gauges)

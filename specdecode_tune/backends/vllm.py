@@ -30,6 +30,10 @@ too; see speccounters). Facts from `/metrics` (`vllm:cache_config_info`: the KV 
 tokens) and `/v1/models` (`max_model_len`). vLLM exposes no running-request limit (its
 `--max-num-seqs`), so `max_running_requests` stays None unless the caller fills it from the
 settings it passed.
+
+API key: with `backend.api_key_env`, the server gets the key as `VLLM_API_KEY` (vLLM's
+environment form of `--api-key`), and reads of `/v1/*` send it (vLLM guards every `/v1` path;
+`/metrics` and `/health` are open).
 """
 
 from __future__ import annotations
@@ -38,16 +42,15 @@ import json
 import os
 import shlex
 import sys
-import urllib.error
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..enginecache import cache_dir, expand_path
-from ..records import ServerFacts
+from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
-from . import prometheus, speccounters
+from . import httpread, prometheus, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .sglang import _fmt, flag_args, get_json
@@ -60,6 +63,8 @@ METRICS_PREFIX = "vllm:"
 # vllm-project/vllm PR #32374, merged 2026-05; docs/schedule.md section 2).
 PER_BATCH_SIZE = "num_speculative_tokens_per_batch_size"
 MODULE = "vllm.entrypoints.openai.api_server"
+# The variable vLLM reads its API key from when --api-key is not given (vllm/envs.py).
+API_KEY_ENV = "VLLM_API_KEY"
 SPEC_CONFIG_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size",
                     "rejection_sample_method", "synthetic_acceptance_length",
                     PER_BATCH_SIZE)
@@ -182,10 +187,16 @@ class VLLMBackend:
         if "VLLM_CACHE_ROOT" not in env:
             root = Path(run_dir) / "vllm-cache" if run_dir else cache_dir() / "vllm-cache"
             env["VLLM_CACHE_ROOT"] = os.fspath(root)
+        if cfg.api_key_env:
+            # vLLM reads its key from VLLM_API_KEY as from --api-key: the environment keeps it
+            # off argv (process titles, the log's "non-default args").
+            env[API_KEY_ENV] = os.environ.get(cfg.api_key_env, "")
         return env
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
-        return shlex.join(["vllm", "serve", cfg.model_path] + self.server_args(cfg, params))
+        key = f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
+        return shlex.join(["vllm", "serve", cfg.model_path]
+                          + self.server_args(cfg, params)) + key
 
     def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
                          ranges: list[list[int]]) -> tuple[str | None, str]:
@@ -194,13 +205,18 @@ class VLLMBackend:
         top = max(k for _, _, k in ranges)
         return self.launch_command(cfg, {**params, STEPS: top, PER_BATCH_SIZE: ranges}), ""
 
-    def read_facts(self, base_url: str, timeout_s: float = 10.0) -> ServerFacts:
+    def read_facts(self, base_url: str, timeout_s: float = 10.0,
+                   headers: Mapping[str, str] | None = None) -> ServerFacts:
+        # /v1/models wants the API key where one is set (vLLM guards every /v1 path).
         extra: dict[str, Any] = {}
+        unread: list[str] = []
         kv_tokens = None
         try:
-            samples = prometheus.parse(speccounters.get_text(base_url + "/metrics", timeout_s))
-        except (urllib.error.URLError, OSError, ValueError):
+            samples = prometheus.parse(speccounters.get_text(base_url + "/metrics", timeout_s,
+                                                             headers))
+        except httpread.READ_ERRORS as e:
             samples = []
+            unread.append(httpread.unread("/metrics", e))
         info = next((s for s in samples if s.name == "vllm:cache_config_info"), None)
         if info is not None:
             labels = dict(info.labels)
@@ -214,22 +230,26 @@ class VLLMBackend:
                                                  "cache_dtype", "kv_cache_max_concurrency",
                                                  "gpu_memory_utilization") if k in labels})
         try:
-            models = get_json(base_url + "/v1/models", timeout_s)
+            models = get_json(base_url + "/v1/models", timeout_s, headers)
             first = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
             if isinstance(first, dict):
                 if _int(first.get("max_model_len")):
                     extra["max_model_len"] = int(first["max_model_len"])
                 if isinstance(first.get("id"), str):
                     extra["served_model"] = first["id"]
-        except (urllib.error.URLError, OSError, ValueError, IndexError, AttributeError):
+        except httpread.READ_ERRORS as e:
+            unread.append(httpread.unread("/v1/models", e))
+        except (IndexError, AttributeError):
             pass
+        if unread:
+            extra[FACTS_UNREAD] = "; ".join(unread)
         return ServerFacts(max_total_num_tokens=kv_tokens, extra=extra)
 
     def in_flight(self, base_url: str, headers: Mapping[str, str] | None = None,
                   timeout_s: float = 5.0) -> int | None:
         # vLLM sets these gauges from the scheduler's stats at every engine step, so they are
         # current while it runs and 0 once it is idle (the engine tests' drain holds it).
-        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s)
+        return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
     def refusal_advice(self, message: str) -> str:
         return ""
@@ -245,8 +265,9 @@ class VLLMBackend:
         # share of the free memory: SGLang's reading of a room does not carry over.
         return {}
 
-    def metrics_snapshot(self, base_url: str) -> dict[str, float] | None:
-        return speccounters.scrape(base_url, METRICS_PREFIX)
+    def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
+                         ) -> dict[str, float] | None:
+        return speccounters.scrape(base_url, METRICS_PREFIX, headers=headers)
 
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None

@@ -16,6 +16,7 @@ experiment has loaded cleanly.
     measure.py     [measure] [objective] MeasureConfig, ObjectiveConfig
     trials.py      [search] [cluster]   SearchConfig, ClusterConfig
     experiment.py  Experiment, load_experiment, experiment_from_dict
+    cliargs.py     the two commands' flags, each value checked as the experiment's are
 
 Each table's class reads and checks its own table (`from_table`); `experiment_from_dict` reads
 them in order and checks what spans tables.

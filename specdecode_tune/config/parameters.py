@@ -8,6 +8,9 @@ whether the space holds any valid point at all is checked once the whole experim
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from ..errors import ConfigError
 from ..space import DRAFT, MEM, PARAM_TYPES, STEPS, TOPK, ParamSpec
 from .reader import Table
@@ -20,6 +23,20 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "max_running_requests": (1, 1 << 20, "a positive integer"),
     "cuda_graph_max_bs": (1, 1 << 20, "a positive integer"),
 }
+
+
+def known_problem(name: str, value: Any) -> str | None:
+    """Why `value` cannot be the parameter `name` where the name has a fixed meaning (steps,
+    top-k, draft tokens, the memory fraction, positive counts): 'must be ...'; None otherwise
+    (also for any other name)."""
+    bounds = _BOUNDS.get(name)
+    if bounds is None:
+        return None
+    lo, hi, allowed = bounds
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    bad = (not number or not math.isfinite(value) or not lo <= value <= hi
+           or (name == MEM and value <= 0) or (name != MEM and not isinstance(value, int)))
+    return f"must be {allowed}" if bad else None
 
 
 def space_from_table(t: Table) -> tuple[ParamSpec, ...]:

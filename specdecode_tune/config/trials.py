@@ -18,6 +18,9 @@ from .reader import Table
 # (specdecode_tune/samplers/hybrid.py says why). The others stay selectable.
 SAMPLERS = ("hybrid", "plateau", "tpe", "nsga2", "random", "model")
 DEFAULT_SAMPLER = "hybrid"
+# The samplers seed numpy's legacy generator, which takes [0, 2**32 - 1] only.
+SEED_MAX = 2**32 - 1
+SEED_ALLOWED = f"an integer in [0, {SEED_MAX}] (numpy's seed range)"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class SearchConfig:
         for point in enqueue:
             _check_point(t, point, space)
         noise = t.get("noise_band", (int, float), 0.025)
+        seed = t.get("seed", int, 0)
+        if not 0 <= seed <= SEED_MAX:
+            raise t.fail("seed", seed, f"must be {SEED_ALLOWED}")
         if not 0 <= noise <= 1:
             raise t.fail("noise_band", noise, "must be a probability-like fraction in [0, 1]")
         cfg = cls(
@@ -52,7 +58,7 @@ class SearchConfig:
             repeats=t.positive("repeats", int, 3),
             remeasure_top=t.positive("remeasure_top", int, 2, zero_ok=True),
             noise_band=float(noise),
-            seed=t.get("seed", int, 0),
+            seed=seed,
             baseline=t.get("baseline", bool, True),
             enqueue=tuple(dict(p) for p in enqueue),
         )
@@ -68,8 +74,10 @@ def _check_point(t: Table, point: Any, space: tuple[ParamSpec, ...]) -> None:
         if spec is None:
             names = ", ".join(sorted(p.name for p in space))
             raise t.fail("enqueue", point, f"{k!r} is not a searched parameter ({names})")
-        if not spec.contains(v):
-            raise t.fail("enqueue", point, f"{k} = {v!r} is outside its search range")
+        problem = spec.problem(v)
+        if problem is not None:
+            raise t.fail("enqueue", point, f"{k} = {v!r} is outside its search range: {k} "
+                                           f"{problem}")
 
 
 @dataclass(frozen=True)

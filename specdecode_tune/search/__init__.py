@@ -5,6 +5,8 @@ Its modules, in the order a run meets them:
 
 - `cli`: the command: its arguments, the run from pre-flight to exit status;
 - `preflight`: what is checked before anything starts or is written (`plan_run` -> `RunPlan`);
+- `changes`: an existing run dir's experiment against the one given: refused where the run's
+  results would not hold for it, else what the run keeps and what applies, said;
 - `leftovers`: what a killed driver of the same run left, found and ended by PID;
 - `ray_cluster`: a local Ray cluster started, or one joined; its GPUs; the dashboard's line
   (the one module that uses a private helper of Ray);

@@ -11,8 +11,9 @@ sampler pickled with it), `optuna.journal` (readable by `optuna-dashboard`), `ta
 (the servers' process groups, so that a resumed run ends orphans of a killed one); the whole
 layout is `store.rundir`'s.
 
-Running the same command again resumes an interrupted search; `--fresh` moves the old run dir
-aside and starts over.
+Running the same command again resumes an interrupted search, with the experiment it was
+started with: an edited one is refused where the run's results would not hold for it, else
+what the run keeps is said (`changes`); `--fresh` moves the old run dir aside and starts over.
 
 Exit status: 0 done; 1 the search stopped (a failed baseline, a config-independent failure
 streak); 2 bad input (one `error:` line on stderr, nothing started or written) or Ray could not
@@ -30,10 +31,11 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config import SAMPLERS, load_experiment
+from ..config import cliargs, load_experiment
 from ..errors import ConfigError, RunInUse, SearchStopped
 from ..server import reap_orphans
 from ..store import rundir
+from . import changes
 from .baseline import run_baseline
 from .leftovers import (
     RUN_TOKEN_ENV,
@@ -46,7 +48,7 @@ from .preflight import RunPlan, plan_run
 from .progress import say
 from .ray_cluster import check_gpus, dashboard_lines, start_ray
 from .summary import print_summary, stopped_early
-from .tuner import build_tuner, can_resume, keep_experiment, move_aside
+from .tuner import build_tuner, can_resume, keep_experiment, move_aside, run_settings
 from .validate import run_validation
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -54,29 +56,38 @@ DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
 _PROJECT_EXPERIMENT = Path(__file__).resolve().parents[2] / DEFAULT_EXPERIMENT
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; each value is checked as the experiment's are (`config.cliargs`):
+    a bad one is one `error:` line and exit 2, before anything starts."""
+    ap = cliargs.Parser(
         prog="python -m specdecode_tune.search",
         description="Search speculative-decoding settings with Ray Tune + Optuna.")
     ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT,
+                    type=cliargs.text("a TOML experiment file"),
                     help="experiment TOML (default: %(default)s, the simulator)")
-    ap.add_argument("--max-trials", type=int, default=None,
+    ap.add_argument("--max-trials", type=cliargs.positive_int, default=None,
                     help="points Optuna explores (re-measurements come on top)")
-    ap.add_argument("--address", default=None,
+    ap.add_argument("--address", default=None, type=cliargs.address,
                     help="join this Ray cluster (HOST:PORT, 'auto'); default: a local one")
-    ap.add_argument("--storage", default=None,
+    ap.add_argument("--storage", default=None, type=cliargs.text("a folder or a storage URI"),
                     help="where run dirs live: a path or a pyarrow.fs URI (default: runs)")
-    ap.add_argument("--name", default=None, help="run name (default: the experiment's)")
+    ap.add_argument("--name", default=None, type=cliargs.run_name,
+                    help="run name (default: the experiment's)")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="resume the run (the default when it exists)")
     g.add_argument("--fresh", action="store_true",
                    help="move an existing run dir aside and start over")
-    ap.add_argument("--sampler", default=None,
+    ap.add_argument("--sampler", default=None, type=cliargs.sampler,
                     help="hybrid | plateau | tpe | nsga2 | random | model (default: the "
                          "experiment's)")
-    ap.add_argument("--seed", type=int, default=None, help="sampler seed")
-    return ap.parse_args(argv)
+    ap.add_argument("--seed", type=cliargs.seed, default=None, help="sampler seed")
+    return ap
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line (argparse exits 2 with one `error:` line on a bad one)."""
+    return build_parser().parse_args(argv)
 
 
 def run_search(experiment: str | Path, *args: str) -> int:
@@ -95,7 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = parse_args(argv)
+    args = cliargs.parse(build_parser(), argv)
+    if isinstance(args, int):
+        return args
     t0 = time.monotonic()
     try:
         path = args.experiment
@@ -103,11 +116,6 @@ def _main(argv: Sequence[str] | None) -> int:
                 _PROJECT_EXPERIMENT.exists():
             path = str(_PROJECT_EXPERIMENT)
         exp = load_experiment(path)
-        if args.max_trials is not None and args.max_trials < 1:
-            raise ConfigError(f"--max-trials {args.max_trials}: must be >= 1")
-        if args.sampler is not None and args.sampler not in SAMPLERS:
-            raise ConfigError(f"--sampler {args.sampler!r}: must be one of "
-                              f"{', '.join(SAMPLERS)}")
         plan = plan_run(exp, args)
         if args.fresh and plan.is_uri:
             raise ConfigError(f"--fresh with a URI storage: give the new run another --name "
@@ -115,12 +123,16 @@ def _main(argv: Sequence[str] | None) -> int:
         exists = can_resume(plan) if not args.fresh else False
         if args.resume and not exists:
             raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
+        # An edited experiment must not go on with the old one's results (changes.py).
+        differs = None if args.fresh else changes.check(exp, plan.run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     sampler = args.sampler or exp.search.sampler
     seed = exp.search.seed if args.seed is None else args.seed
     max_trials = args.max_trials or exp.search.max_trials
+    max_concurrent = exp.search.max_concurrent
+    own: dict = run_settings(plan) if exists else {}
     pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
     # What a killed driver of this run left: its servers (their pidfiles), then everything
     # else it started (Ray's agents and workers: by the token its processes inherited).
@@ -143,13 +155,25 @@ def _main(argv: Sequence[str] | None) -> int:
             say(f"fresh start: the previous run was moved to {aside}")
     say(f"experiment: {exp.name} ({exp.source}) on backend {exp.backend.kind}"
         + (" (the embedded simulator, not a real server)" if exp.backend.kind == "sim" else ""))
-    if exists and args.sampler is not None:
-        say(f"--sampler {args.sampler}: ignored when resuming; the search goes on with the "
-            f"sampler it was started with (the trials table records it)")
+    if differs:
+        say(differs)
+    if exists:
+        # The resumed searcher and Tune keep what the run was started with.
+        given = {"sampler": args.sampler, "seed": args.seed, "max_trials": args.max_trials}
+        ignored = [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+                   if v is not None and v != own.get(k)]
+        if ignored:
+            say(f"{', '.join(ignored)}: ignored when resuming; the search goes on with the "
+                f"sampler, seed and trial cap it was started with"
+                + (f" ({own['sampler']}, seed {own['seed']}, {own['max_trials']} trials)"
+                   if own else " (the trials table records the sampler)"))
+        sampler = own.get("sampler", sampler)
+        seed = own.get("seed", seed)
+        max_trials = own.get("max_trials", max_trials)
+        max_concurrent = own.get("max_concurrent", max_concurrent)
     say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; "
-        + ("" if exists and args.sampler is not None else f"sampler {sampler}, ")
-        + f"{max_trials} trials, {exp.search.max_concurrent} at a time, "
-        f"{exp.search.gpus_per_trial} GPU(s) each)")
+        + ("" if exists and not own else f"sampler {sampler}, {max_trials} trials, ")
+        + f"{max_concurrent} at a time, {exp.search.gpus_per_trial} GPU(s) each)")
     keep_experiment(plan)
     # On a local cluster every process this driver starts (Ray's, the trials', the servers')
     # inherits this token, so none can outlive the search unseen.

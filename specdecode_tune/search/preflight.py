@@ -3,7 +3,7 @@ written, each failure one `ConfigError` line (the CLI prints it and exits 2).
 
 `plan_run` checks, in this order: the run's name and storage (a writable folder, or a URI
 pyarrow.fs understands), the backend's program, the backend's own rules and, on a local
-cluster, the local files it names (`backends.preflight`), the API-key variable, what the
+cluster, the local files it names, and the API-key variable (`backends.preflight`), what the
 server would refuse at every boot where its backend can tell without one (`backends.check_args`
 on the baseline's command line: the simulator's CLI checks its flags), then either the Ray head
 to join (`--address`) or, on a local cluster, the server's Python package and whether one trial
@@ -27,7 +27,7 @@ from ..config import Experiment
 from ..errors import ConfigError
 from ..space import BASELINE, first_valid_point, is_baseline, resolve
 from ..store import rundir
-from ..store.files import is_uri
+from ..store.files import check_writable, is_uri
 
 
 @dataclass(frozen=True)
@@ -71,28 +71,12 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     if any(c in name for c in "/\\\0") or name.startswith("."):
         raise ConfigError(f"--name {name!r}: must be a plain name without slashes")
     uri = is_uri(storage)
-    if uri:
-        try:
-            import pyarrow.fs as pafs
-            pafs.FileSystem.from_uri(storage)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types here
-            raise ConfigError(f"--storage {storage!r}: not a storage URI pyarrow.fs "
-                              f"understands ({str(e).splitlines()[0]})") from None
-        run_dir = storage.rstrip("/") + "/" + name
-    else:
-        target = Path(storage) / name
-        if _writable_target(target) is None:
-            raise ConfigError(f"--storage {storage!r}: not writable (the run dir "
-                              f"{target} cannot be created there)")
-        run_dir = str(target.absolute())
+    run_dir = storage.rstrip("/") + "/" + name if uri else str((Path(storage) / name).absolute())
+    check_writable("--storage", storage, run_dir)
     local_dir = rundir.local_dir(run_dir)
     _check_program(exp)
     # local files only on a local cluster: a joined cluster's nodes have their own
     preflight(exp.backend, local=not args.address)
-    name_var = exp.backend.api_key_env
-    if name_var and not os.environ.get(name_var):
-        raise ConfigError(f"backend.api_key_env = {name_var!r}: that environment variable is "
-                          f"not set or empty (export the API key in it)")
     # What the server would refuse at every boot, where its backend can tell without a boot
     # (the simulator: its flags, extra_args and fixed flags included, through its own CLI).
     check_args(exp.backend, resolve(BASELINE, exp.backend.flags))
@@ -108,16 +92,6 @@ def plan_run(exp: Experiment, args: argparse.Namespace) -> RunPlan:
     _check_speculative_points(exp)
     return RunPlan(exp=exp, run_dir=run_dir, local_dir=local_dir, storage=storage, name=name,
                    is_uri=uri)
-
-
-def _writable_target(path: Path) -> Path | None:
-    """The nearest existing ancestor of `path`, if we may create `path` under it."""
-    p = path.absolute()
-    while not p.exists():
-        if p.parent == p:
-            return None
-        p = p.parent
-    return p if p.is_dir() and os.access(p, os.W_OK | os.X_OK) else None
 
 
 def _check_address(address: str) -> None:

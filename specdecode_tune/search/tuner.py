@@ -37,6 +37,18 @@ from .searcher import (
 from .stopping import KVGate, StopRule
 from .trainable import trainable
 
+# The study's record of the settings the run was started with (sampler, seed, trial cap,
+# trials at a time): a resume keeps them, whatever the command line or the experiment says now.
+RUN_ATTR = "run_settings"
+
+
+def run_settings(plan: RunPlan) -> dict[str, Any]:
+    """The settings the run was started with (RUN_ATTR), or {} where its study has none."""
+    from .summary import study_attrs
+
+    found = study_attrs(plan).get(RUN_ATTR)
+    return dict(found) if isinstance(found, dict) else {}
+
 
 def can_resume(plan: RunPlan) -> bool:
     """Whether the run dir holds a Tune experiment to resume."""
@@ -79,6 +91,10 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         space=ProposalSpace(exp.space, exp.backend.flags, sampler_name), metric=metric,
         mode=mode, sampler=make_sampler(sampler_name, exp, seed), storage=journal,
         study_name=plan.name, points_to_evaluate=enqueue or None, seed=seed)
+    # What a resume keeps (the searcher holds it): said when a resume is given other values.
+    optuna_search.study().set_user_attr(RUN_ATTR, {
+        "sampler": sampler_name, "seed": seed, "max_trials": max_trials,
+        "max_concurrent": s.max_concurrent})
     optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
         request_tokens=request_tokens(exp)))

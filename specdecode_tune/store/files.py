@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from ..errors import ConfigError
 
 # Object stores: a put is atomic and a rename is a copy, so write the final name directly.
 _PUT_IS_ATOMIC = frozenset({"s3", "gcs", "abfs"})
@@ -42,6 +45,36 @@ def filesystem(target: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     else:
         fs, path = pafs.LocalFileSystem(), os.path.abspath(text)
     return fs, path.rstrip("/") or "/"
+
+
+def check_writable(flag: str, value: str, target: str) -> None:
+    """ConfigError, one line naming `flag` and `value`, unless the run dir `target` (a local
+    path or a URI) can be written: a URI `pyarrow.fs` understands, or a local path whose nearest
+    existing folder takes a new folder. That is tried (a hidden folder made and removed at
+    once), since permission bits do not say it: root may write anywhere by them, and /proc or a
+    read-only mount refuse all the same. Nothing is left behind."""
+    if is_uri(target):
+        try:
+            pafs.FileSystem.from_uri(target)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types here
+            raise ConfigError(f"{flag} {value!r}: not a storage URI pyarrow.fs understands "
+                              f"({str(e).splitlines()[0]})") from None
+        return
+    path = os.path.abspath(target)
+    folder = path
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    problem = None
+    if not os.path.isdir(folder):
+        problem = f"{folder} is not a folder"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".specdecode-probe-", dir=folder))
+        except OSError as e:
+            problem = f"{folder} takes no new folder: {e.strerror or e}"
+    if problem is not None:
+        raise ConfigError(f"{flag} {value!r}: not writable (the run dir {path} cannot be "
+                          f"created there: {problem}); give a folder this user can write")
 
 
 def _fsync(path: str, directory: bool = False) -> None:

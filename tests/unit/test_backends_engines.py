@@ -314,7 +314,7 @@ def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:
 ])
 def test_sglang_facts_read_the_effective_running_limit(monkeypatch: pytest.MonkeyPatch,
                                                        info: dict, running: int) -> None:
-    monkeypatch.setattr(sglang, "get_json", lambda url, timeout_s: info)
+    monkeypatch.setattr(sglang, "get_json", lambda url, timeout_s, headers=None: info)
     facts = get_backend("sglang").read_facts("http://127.0.0.1:1")
     assert facts.max_running_requests == running and facts.gpu_ids == ()
 

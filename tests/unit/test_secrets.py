@@ -23,26 +23,34 @@ import pytest
 from specdecode_tune import results
 from specdecode_tune.backends import BACKENDS
 from specdecode_tune.config import BackendConfig, load_experiment
+from specdecode_tune.errors import KeyRefused
+from specdecode_tune.records import FACTS_UNREAD
 from specdecode_tune.report import RunDirError, write_report
 from specdecode_tune.server import ServerProcess
+from specdecode_tune.store import read_table
 from specdecode_tune.trial import TrialContext, run_trial
 
 KEY_VAR = "SPECDECODE_TEST_API_KEY"
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def experiment(tmp_path: Path) -> Path:
-    path = tmp_path / "secret.toml"
+def experiment(tmp_path: Path, *, client_key: bool = True, server_key: bool = True,
+               name: str = "secret") -> Path:
+    """The simulator with a key: the experiment names it (`client_key`: the trial sends it, and
+    the simulator is given it), and/or the simulator is given it on its own (`server_key`)."""
+    path = tmp_path / f"{name}.toml"
+    client = f'api_key_env = "{KEY_VAR}"' if client_key else ""
+    server = f'extra_args = ["--api-key-env", "{KEY_VAR}"]' if server_key else ""
     path.write_text(f"""
-name = "secret"
+name = "{name}"
 [backend]
 kind = "sim"
 model_path = "Qwen/Qwen3.5-122B-A10B"
 tp_size = 2
 boot_time_s = 0.2
 boot_timeout_s = 20
-api_key_env = "{KEY_VAR}"
-extra_args = ["--api-key-env", "{KEY_VAR}"]
+{client}
+{server}
 [backend.flags]
 cuda_graph_max_bs = 64
 disable_radix_cache = true
@@ -132,6 +140,9 @@ def test_the_key_reaches_server_and_client_and_nothing_else(
 
     assert result.status == "ok", result.reason
     assert result.levels[0].errors == 0 and result.levels[0].requests > 0   # the client sent it
+    # ... and so did the trial's own reads: the facts (/server_info wants the key).
+    assert result.facts.max_total_num_tokens and result.facts.max_running_requests
+    assert FACTS_UNREAD not in result.facts.extra, result.facts.extra
     assert seen["no_key"] == 401 and seen["wrong_key"] == 401                # the server wants it
     assert seen["with_key"] == 200 and seen["health"] == 200
     assert not seen["info_has_key"], "/server_info reports the key"
@@ -198,3 +209,171 @@ def test_sglang_gets_its_key_on_argv_and_the_launch_command_names_the_variable(
     with pytest.raises(ConfigError, match="backend.api_key_env instead"):
         sglang.validate(BackendConfig(kind="sglang", model_path="m",
                                       extra_args=("--api-key", key)))
+
+
+def test_a_trial_with_a_key_reads_the_same_server_facts_as_one_without(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/server_info wants the key as SGLang's does: the facts read must send it, or the KV
+    model, the running limit and the saturation notes lose their input."""
+    monkeypatch.setenv(KEY_VAR, f"sk-test-{uuid.uuid4().hex}")
+    facts = {}
+    for keyed in (True, False):
+        exp = load_experiment(experiment(tmp_path, client_key=keyed, server_key=keyed,
+                                         name=f"facts-{keyed}"))
+        ctx = TrialContext(run_dir=str(tmp_path / f"run-{keyed}"),
+                           local_dir=tmp_path / f"logs-{keyed}", trial_id=f"facts-{keyed}")
+        result = run_trial(exp, {"speculative_num_steps": 3}, ctx)
+        assert result.status == "ok", result.reason
+        facts[keyed] = result.facts
+    with_key, without = facts[True], facts[False]
+    assert without.max_total_num_tokens and without.max_running_requests   # what there is to read
+    assert (with_key.max_total_num_tokens, with_key.max_running_requests) == \
+        (without.max_total_num_tokens, without.max_running_requests)
+    assert with_key.extra == without.extra and FACTS_UNREAD not in with_key.extra
+    # The row keeps them too (the KV model and the report read the table).
+    (row,) = read_table(str(tmp_path / "run-True"), "trials").to_pylist()
+    assert row["max_total_num_tokens"] == without.max_total_num_tokens
+
+
+def test_a_keyed_server_whose_key_the_trial_lacks_fails_the_trial_at_its_facts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server is given a key the experiment does not name: the trial's first read is
+    refused, and the trial says so before measuring anything (no silent None, no level of
+    401s)."""
+    monkeypatch.setenv(KEY_VAR, f"sk-test-{uuid.uuid4().hex}")
+    exp = load_experiment(experiment(tmp_path, client_key=False, server_key=True))
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="no-key")
+    result = run_trial(exp, {"speculative_num_steps": 3}, ctx)
+    assert result.status == "failed"
+    assert result.reason == ("the server refused the API key: GET /server_info answered http "
+                             "401 (no API key was sent: name its variable in "
+                             "backend.api_key_env)"), result.reason
+    assert result.levels == ()
+    assert list((tmp_path / "logs" / "pids").glob("*.json")) == []   # the server was stopped
+
+
+# ---------------------------------------------------------------------------------------------
+# Every engine's reads carry the key to every path that wants it (a stand-in server that guards
+# its paths as each engine does; its facts are fixed).
+
+GUARDS = {
+    # SGLang (utils/auth.py): every path but /health* and /metrics*.
+    "sglang": lambda path: not path.startswith(("/health", "/metrics")),
+    # vLLM (AuthenticationMiddleware): every /v1 path.
+    "vllm": lambda path: path.startswith("/v1"),
+    # llama-server (middleware_validate_api_key): every path but its public ones.
+    "llamacpp": lambda path: path not in ("/health", "/v1/health", "/models", "/v1/models"),
+}
+METRICS = "\n".join([
+    '# TYPE vllm:cache_config_info gauge',
+    'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0',
+    "vllm:num_requests_running 0", "vllm:num_requests_waiting 0",
+    "vllm:spec_decode_num_drafts_total 4", "vllm:spec_decode_num_accepted_tokens_total 6",
+    "llamacpp:requests_processing 0", "llamacpp:requests_deferred 0",
+    "llamacpp:spec_decode_num_drafts_total 4", "llamacpp:spec_decode_num_accepted_tokens_total 6",
+]) + "\n"
+ANSWERS = {
+    "/server_info": {"max_total_num_tokens": 4096,
+                     "internal_states": [{"effective_max_running_requests_per_dp": 7}]},
+    "/get_load": [{"num_reqs": 0}],
+    "/v1/models": {"data": [{"id": "m", "max_model_len": 2048}]},
+    "/props": {"total_slots": 4, "default_generation_settings": {"n_ctx": 1024}},
+}
+EXPECTED = {"sglang": (4096, 7), "vllm": (1600, None), "llamacpp": (4096, 4)}
+
+
+@pytest.fixture
+def keyed_server():
+    """start(kind, key, known=True) -> (base URL, [(path, had the key)]); `known=False` answers
+    404 on every facts path. Bound to 127.0.0.1, in a thread of this process."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def start(kind: str, key: str, known: bool = True):
+        seen: list[tuple[str, bool]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                had = self.headers.get("Authorization") == f"Bearer {key}"
+                seen.append((self.path, had))
+                if GUARDS[kind](self.path) and not had:
+                    body, code, ctype = b'{"error": "Unauthorized"}', 401, "application/json"
+                elif self.path == "/metrics":
+                    body, code, ctype = METRICS.encode(), 200, "text/plain"
+                elif known and self.path in ANSWERS:
+                    body, code = json.dumps(ANSWERS[self.path]).encode(), 200
+                    ctype = "application/json"
+                else:
+                    body, code, ctype = b'{"error": "Not Found"}', 404, "application/json"
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}", seen
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("kind", sorted(GUARDS))
+def test_every_read_of_every_engine_brings_the_key_where_it_is_wanted(
+        kind: str, keyed_server) -> None:
+    key = f"sk-test-{uuid.uuid4().hex}"
+    headers = {"Authorization": f"Bearer {key}"}
+    backend = BACKENDS[kind]
+    base, seen = keyed_server(kind, key)
+    facts = backend.read_facts(base, 5.0, headers=headers)
+    busy = backend.in_flight(base, headers, 5.0)
+    snapshot = backend.metrics_snapshot(base, headers)
+    assert (facts.max_total_num_tokens, facts.max_running_requests) == EXPECTED[kind]
+    assert FACTS_UNREAD not in facts.extra
+    assert busy == 0
+    assert (snapshot is None) == (kind == "sglang")     # SGLang's acceptance is per request
+    guarded = [path for path, _ in seen if GUARDS[kind](path)]
+    assert guarded, "the reads asked no path this engine guards: nothing was tested"
+    assert all(had for path, had in seen if GUARDS[kind](path)), seen
+
+    # Without the key: the guarded facts read is refused out loud, never a silent None.
+    with pytest.raises(KeyRefused, match=r"answered http 401 \(no API key was sent"):
+        backend.read_facts(base, 5.0)
+
+
+@pytest.mark.parametrize("kind", sorted(GUARDS))
+def test_facts_an_engine_does_not_give_are_marked_unread(kind: str, keyed_server) -> None:
+    key = f"sk-test-{uuid.uuid4().hex}"
+    base, _ = keyed_server(kind, key, known=False)
+    facts = BACKENDS[kind].read_facts(base, 5.0, headers={"Authorization": f"Bearer {key}"})
+    assert "http 404" in facts.extra[FACTS_UNREAD], facts.extra
+
+
+@pytest.mark.parametrize(("kind", "variable"), [("vllm", "VLLM_API_KEY"),
+                                                ("llamacpp", "LLAMA_API_KEY")])
+def test_vllm_and_llama_server_get_the_key_in_their_environment_not_on_argv(
+        kind: str, variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both read their key from an environment variable of their own (vLLM's envs.py,
+    llama.cpp's common/arg.cpp): the experiment's key is handed over under that name, so the
+    server wants the key the trial sends, and argv and the launch command never hold it."""
+    key = f"sk-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(KEY_VAR, key)
+    backend = BACKENDS[kind]
+    cfg = BackendConfig(kind=kind, model_path="/m.gguf", api_key_env=KEY_VAR,
+                        speculative_algorithm="ngram")
+    assert backend.env(cfg, run_dir="/tmp/x")[variable] == key
+    assert key not in " ".join(backend.argv(cfg, {"speculative_num_steps": 2}, 8000))
+    command = backend.launch_command(cfg, {"speculative_num_steps": 2})
+    assert key not in command and command.endswith(f'--api-key "${KEY_VAR}"')
+    plain = BackendConfig(kind=kind, model_path="/m.gguf", speculative_algorithm="ngram")
+    assert variable not in backend.env(plain, run_dir="/tmp/x")
