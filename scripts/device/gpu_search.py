@@ -613,11 +613,7 @@ def pipeline(work: Work) -> int:
                                  "--experiment", plan["run_experiment"], "--out", str(out),
                                  *plan["readings"]], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=work.src, check=False).returncode
-        with tarfile.open(work.results / READINGS, "w:gz") as t:
-            t.add(out, arcname="readings")
-            for name in ("readings.log", "models.log", MODELS_REPORT):
-                if (work.results / name).is_file():
-                    t.add(work.results / name, arcname=f"readings/{name}")
+        pack_readings(work)
         # A reading that failed is in readings.json; the search runs either way.
         return True, f"exit {rc}: {last_line(work.results / 'readings.log')}"
 
@@ -648,6 +644,17 @@ def pipeline(work: Work) -> int:
     collect(work, plan)
     say(f"pipeline: {'finished' if ok else 'stopped'}")
     return 0 if ok else 1
+
+
+def pack_readings(work: Work) -> None:
+    """The readings step's folder and the logs beside it, as one file to bring back."""
+    tmp = work.results / f"{READINGS}.tmp"
+    with tarfile.open(tmp, "w:gz") as t:
+        t.add(work.results / "readings", arcname="readings")
+        for name in ("readings.log", "models.log", MODELS_REPORT):
+            if (work.results / name).is_file():
+                t.add(work.results / name, arcname=f"readings/{name}")
+    os.replace(tmp, work.results / READINGS)
 
 
 def wait_build(work: Work, limit_s: float) -> bool:
@@ -914,6 +921,12 @@ def call(args: argparse.Namespace, work: Work) -> int:
     state = pipeline_state(work)
     if state == "running":
         steps = work.read("steps.json", {})
+        # What is there so far comes back with every call: the device's time may run out
+        # before the pipeline ends, and a machine given back keeps nothing.
+        collect(work, plan)
+        if (work.results / "readings").is_dir() and not (work.results / READINGS).is_file():
+            pack_readings(work)
+        deliver(work, plan)
         say(f"NEXT: the pipeline is still running ({', '.join(steps) or 'starting'} so far); "
             f"call again with the same command (no carry needed) within 30 s")
         return CALL_AGAIN
