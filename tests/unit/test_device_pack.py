@@ -1,5 +1,5 @@
-"""The offline GPU route's packing (scripts/device/pack_payload.py), on fake wheels: no network,
-no GPU, no engine."""
+"""The offline GPU route's packing (scripts/device/pack_payload.py) and the engine install of
+scripts/device/gpu_search.py, on fake wheels: no network, no GPU, no engine."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def load(name: str):
 
 
 pp = load("pack_payload")
+gs = load("gpu_search")
 
 
 def record_hash(data: bytes) -> str:
@@ -252,3 +253,84 @@ def test_main_packs_the_engine_in_one_part_sequence(tmp_path, monkeypatch):
     for p in parts:
         assert sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") \
             <= 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------
+# gpu_search: the engine's own site, its wrapper, its requirement check
+
+
+def fake_python(tmp_path: Path) -> Path:
+    """A 'machine python3' that logs its calls and runs this interpreter."""
+    log = tmp_path / "python-calls.log"
+    p = tmp_path / "bin" / "python3"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(f'#!/bin/sh\necho "$PYTHONPATH" >> {log}\nexec {sys.executable} "$@"\n')
+    p.chmod(0o755)
+    return p
+
+
+def engine_pack(tmp_path: Path, engine_requires: tuple[str, ...]) -> tuple[object, dict]:
+    work = gs.Work(tmp_path / "work")
+    wheels = [
+        make_wheel(work.payload, "fakeengine", "1.0",
+                   {"fakeengine/__init__.py": b"import fakedep\n"}, requires=engine_requires),
+        make_wheel(work.payload, "fakedep", "2.0", requires=("packaging",)),
+    ]
+    engine = {"name": "fakeengine", "requirement": "fakeengine==1.0", "version": "1.0",
+              "wheels": [w.name for w in wheels],
+              "left_out": [{"name": "heavy-kernels", "requirement": "heavy-kernels==1",
+                            "by": "fakeengine", "reason": "not needed"}]}
+    return work, engine
+
+
+def test_install_engine_own_site_wrapper_and_check(tmp_path, monkeypatch):
+    work, engine = engine_pack(tmp_path, ("fakedep>=2", "packaging", "heavy-kernels==1"))
+    python = fake_python(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/the/project/site")
+    facts = gs.install_engine(work, engine, python=str(python))
+    assert facts is not None
+    site = work.root / "engines" / "fakeengine" / "site"
+    wrapper = work.root / "engines" / "fakeengine" / "python"
+    assert facts["python"] == str(wrapper) and facts["site"] == str(site)
+    assert facts["problems"] == []
+    assert facts["left_out"] == ["heavy-kernels==1 (needed by fakeengine)"]
+    assert facts["versions"]["fakeengine"] == "1.0 (carried)"
+    assert facts["versions"]["fakedep"] == "2.0 (carried)"
+    assert facts["versions"]["packaging"].endswith("(image)")
+    assert json.loads((work.state / "engine.json").read_text())["python"] == str(wrapper)
+    assert (site / "fakeengine" / "__init__.py").is_file()
+    assert not list(site.rglob("*.pyc"))                             # --no-compile
+    assert os.access(wrapper, os.X_OK)
+    # The wrapper runs the given python with the engine's site alone on PYTHONPATH.
+    r = subprocess.run([str(wrapper), "-c", "import fakeengine, os, sys; "
+                        "print(fakeengine.__file__); print(os.environ['PYTHONPATH'])"],
+                       capture_output=True, text=True, check=True)
+    where, pythonpath = r.stdout.split()
+    assert where.startswith(str(site)) and pythonpath == str(site)
+    assert "/the/project/site" not in (tmp_path / "python-calls.log").read_text()
+
+
+def test_install_engine_names_missing_and_conflicting_requirements(tmp_path):
+    work, engine = engine_pack(tmp_path, ("fakedep>=3", "not-there-at-all>=1"))
+    facts = gs.install_engine(work, engine, python=str(fake_python(tmp_path)))
+    assert facts is not None
+    assert facts["problems"] == [
+        "conflict: fakedep 2.0 is there, fakeengine needs fakedep>=3",
+        "missing: not-there-at-all>=1 (needed by fakeengine)"]
+
+
+def test_install_engine_fails_when_pip_does(tmp_path):
+    work, engine = engine_pack(tmp_path, ())
+    engine["wheels"].append("absent-1.0-py3-none-any.whl")
+    assert gs.install_engine(work, engine, python=str(fake_python(tmp_path))) is None
+
+
+def test_project_wheels_leave_the_engines_out(tmp_path):
+    work = gs.Work(tmp_path / "work")
+    manifest = {"files": [{"name": n} for n in ("a-1-py3-none-any.whl", "e-1-py3-none-any.whl",
+                                                 "llama-src.tgz")],
+                "wheels": ["a-1-py3-none-any.whl"],
+                "engine": {"name": "e", "wheels": ["e-1-py3-none-any.whl"]}}
+    assert gs.wheels(work, manifest) == [work.payload / "a-1-py3-none-any.whl"]
+    del manifest["wheels"]                 # a pack from before the engine route: every wheel
+    assert len(gs.wheels(work, manifest)) == 2
