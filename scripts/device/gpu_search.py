@@ -16,7 +16,8 @@ long as the machine is still warm:
 3. build    llamacpp experiments: the CUDA build of llama-server starts in the background as soon
             as the llama.cpp source is staged (scripts/device/build_llama_cuda.sh, ~5 min).
 4. install  once every wheel is staged: pip install --target, then every requirement is checked
-            against what the image has (missing or conflicting ones are named).
+            against what the image has (missing or conflicting ones are named); a pack with an
+            engine (pack_payload.py --engine) also gets its own site: install_engine.
 5. pipeline in the background (it outlives the call): scripts/gpu_check.py (while the server
             builds), the test model (when the experiment names a missing
             cycle-llama-d<dim>-l<layers>[-h<heads>]-c<cycle>-n<noise>.gguf), the server binary,
@@ -368,6 +369,9 @@ def start_build(work: Work, manifest: dict) -> None:
 
 
 def wheels(work: Work, manifest: dict) -> list[Path]:
+    """The project's wheels (an engine's go to its own site: install_engine)."""
+    if "wheels" in manifest:
+        return [work.payload / name for name in manifest["wheels"]]
     return [work.payload / e["name"] for e in manifest["files"] if e["name"].endswith(".whl")]
 
 
@@ -485,11 +489,98 @@ def install(work: Work, manifest: dict) -> bool:
     say(f"install: {len(wheels(work, manifest))} wheels into {work.site} in "
         f"{time.monotonic() - t:.0f}s; ray {info['ray']}, optuna {info['optuna']}, dashboard "
         f"{info['dashboard']}")
-    for p in info["problems"]:
+    problems = list(info["problems"])
+    if manifest.get("engine"):
+        engine = install_engine(work, manifest["engine"])
+        if engine is None:
+            return False
+        problems += [f"engine {engine['name']}: {p}" for p in engine["problems"]]
+    for p in problems:
         say(f"install: WARNING {p}")
     work.write("installed.json", {"at": time.time(), "pack_id": manifest["pack_id"],
-                                  "problems": info["problems"]})
+                                  "problems": problems})
     return True
+
+
+# Run in the engine's Python (its wrapper): every requirement of the engine, followed through
+# the distributions found, met by the engine's site or the image; importlib.metadata only (the
+# engine's own imports need the GPU and its CUDA libraries: that is for the server to do).
+CHECK_ENGINE = r"""
+import importlib.metadata as md, json, sys
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
+req, site, left_out = sys.argv[1], sys.argv[2], set(json.loads(sys.argv[3]))
+problems, skipped, versions, seen = [], [], {}, set()
+todo = [(Requirement(req), "the engine")]
+while todo:
+    r, by = todo.pop()
+    if canon(r.name) in left_out:
+        skipped.append(f"{r.name}{r.specifier} (needed by {by})")
+        continue
+    try:
+        dist = md.distribution(r.name)
+    except md.PackageNotFoundError:
+        problems.append(f"missing: {r} (needed by {by})")
+        continue
+    name = canon(dist.metadata["Name"])
+    where = str(dist.locate_file(""))
+    versions[name] = f"{dist.version} ({'carried' if where.startswith(site) else 'image'})"
+    if r.specifier and not r.specifier.contains(dist.version, prereleases=True):
+        problems.append(f"conflict: {name} {dist.version} is there, {by} needs {r}")
+    for extra in [None, *sorted(r.extras)]:
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        for sub in map(Requirement, dist.requires or []):
+            if sub.marker is None or sub.marker.evaluate({"extra": extra or ""}):
+                todo.append((sub, f"{name}{'[' + extra + ']' if extra else ''}"))
+print(json.dumps({"problems": sorted(set(problems)), "left_out": sorted(set(skipped)),
+                  "versions": versions}))
+"""
+
+
+def install_engine(work: Work, engine: dict, python: str = sys.executable) -> dict | None:
+    """Install the engine's wheels into work/engines/<name>/site, apart from the project's
+    site, behind work/engines/<name>/python (the machine's python3 with only that site on
+    PYTHONPATH: what backend.python names, so the server never sees the project's site), and
+    check there that every requirement of the engine is met. Returns the engine's facts (also
+    in work/state/engine.json), or None if pip failed."""
+    t = time.monotonic()
+    home = work.root / "engines" / engine["name"]
+    site, wrapper = home / "site", home / "python"
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
+                        *[str(work.payload / w) for w in engine["wheels"]]],
+                       capture_output=True, text=True, check=False,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if r.returncode:
+        say(f"install: pip failed for {engine['requirement']}:\n{r.stdout[-2000:]}"
+            f"{r.stderr[-2000:]}")
+        return None
+    wrapper.write_text(f"#!/bin/sh\n# {engine['requirement']}: the machine's Python with only "
+                       f"the engine's site (gpu_search.py)\nPYTHONPATH={shlex.quote(str(site))} "
+                       f"exec {shlex.quote(python)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    left_out = sorted({e["name"] for e in engine.get("left_out", [])})
+    r = subprocess.run([str(wrapper), "-c", CHECK_ENGINE, engine["requirement"], str(site),
+                        json.dumps(left_out)], capture_output=True, text=True, cwd=home,
+                       check=False)
+    if r.returncode:
+        info = {"problems": [f"the requirement check failed: {r.stderr.strip()[-1500:]}"],
+                "left_out": [], "versions": {}}
+    else:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+    facts = {"name": engine["name"], "requirement": engine["requirement"],
+             "version": engine.get("version"), "python": str(wrapper), "site": str(site),
+             "wheels": len(engine["wheels"]), "problems": info["problems"],
+             "left_out": info["left_out"], "versions": info["versions"], "at": time.time()}
+    work.write("engine.json", facts)
+    say(f"install: {engine['requirement']}: {len(engine['wheels'])} wheels into {site} in "
+        f"{time.monotonic() - t:.0f}s; its Python: {wrapper}; {len(info['problems'])} "
+        f"problem(s), {len(info['left_out'])} requirement(s) left out by the pack")
+    return facts
 
 
 def env_for(work: Work, src: Path | None = None) -> dict[str, str]:
@@ -571,6 +662,9 @@ def pipeline(work: Work) -> int:
             return False, f"{path} is missing and is not a test model this route makes"
         # The vocabulary comes from llama.cpp's source, so the model is made while it builds.
         vocab = work.cache / "vocab-llama-spm.gguf"
+        if not vocab.is_file() and not manifest.get("llama_src"):
+            return False, ("the test model's vocabulary comes from llama.cpp's source, which "
+                           "this pack does not hold (pack_payload.py --llama-src)")
         if not vocab.is_file():
             with tarfile.open(work.payload / manifest["llama_src"]) as t:
                 member = t.extractfile("llama.cpp/models/ggml-vocab-llama-spm.gguf")
@@ -885,7 +979,7 @@ def call(args: argparse.Namespace, work: Work) -> int:
         f"{plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} at a time, "
         f"backend {plan['backend']}")
     if plan["needs_llama_build"] and build_state(work) == "none":
-        if (work.payload / manifest["llama_src"]).exists():
+        if manifest.get("llama_src") and (work.payload / manifest["llama_src"]).exists():
             start_build(work, manifest)
         elif (work.cache / "llama.cpp-cuda/bin/llama-server").exists():
             (work.state / "build.rc").write_text("0\n")

