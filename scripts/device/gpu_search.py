@@ -334,7 +334,10 @@ def validate(plan: dict, work: Work) -> None:
             "try: load_experiment(sys.argv[1])\n"
             "except ConfigError as e: print(e); sys.exit(2)")
     r = subprocess.run([sys.executable, "-c", code, str(where)], cwd=work.src,
-                       env=os.environ | {"PYTHONPATH": str(work.src),
+                       env=os.environ | {"PYTHONPATH": ":".join(
+                           [str(work.src), str(work.site),
+                            *([str(work.root / "sharegpt-site")]
+                              if (work.root / "sharegpt-site" / ".done").is_file() else [])]),
                                          "SPECDECODE_CACHE": str(work.cache)},
                        capture_output=True, text=True, check=False)
     if r.returncode == 2:
@@ -960,6 +963,9 @@ def call(args: argparse.Namespace, work: Work) -> int:
         say("nothing staged and no part carried: pack here with "
             "`python3 scripts/device/pack_payload.py`, then carry build/gpu-payload/part1")
         return 2
+    # The ShareGPT text (part 1) is unpacked at once: a sharegpt workload validates against
+    # it, and the EAGLE-3 test models train on it while the other parts arrive.
+    sharegpt_site(work, manifest)
     plan = work.read("plan.json")
     new = make_plan(args, work, len(gpus))
     started = (work.state / "pipeline.pid").is_file()
