@@ -156,6 +156,8 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
                        "gpu preset: the sizes meant for serving",
             "seed": seed,
             "device": gpu_name or "cpu",
+            "gpu_peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 1)
+            if device.type == "cuda" else None,
             "torch": torch.__version__,
             "sizes": {**p.to_dict(), "target_params": n_target, "head_params": n_head,
                       "capture_layers": list(p.capture_layers),
