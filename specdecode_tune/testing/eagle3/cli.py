@@ -123,7 +123,7 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
     phases.done("head")
 
     dtype = getattr(torch, p.saved_dtype)
-    model.to(dtype)
+    target.cast_weights(model, dtype)      # evaluated in the dtype it is served in
     drafter.to(dtype)
     untrained = head.build_head(p, model, seed).to(device, dtype)
     max_prompt = p.eval_prompt_tokens

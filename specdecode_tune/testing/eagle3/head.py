@@ -110,16 +110,17 @@ class KV:
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Neox-style rotary embedding (SGLang's `is_neox_style=True`, transformers' Llama):
-    x [B, heads, R, d], pos [B, R]."""
+    """Neox-style rotary embedding (SGLang's `is_neox_style=True`, transformers' Llama),
+    computed in fp32 as SGLang's CUDA kernel does: x [B, heads, R, d], pos [B, R]."""
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, device=x.device,
                                              dtype=torch.float32) / head_dim))
     ang = pos.float()[..., None] * inv                       # [B, R, d/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None].to(x.dtype)
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None].to(x.dtype)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None]
     half = head_dim // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    return x * cos + rot * sin
+    x32 = x.float()
+    rot = torch.cat([-x32[..., half:], x32[..., :half]], -1)
+    return (x32 * cos + rot * sin).to(x.dtype)
 
 
 class Eagle3Head(nn.Module):

@@ -165,6 +165,14 @@ class Capture:
             h.remove()
 
 
+def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The parameters in `dtype`, the buffers left as they are: `model.to(torch.bfloat16)`
+    would also round transformers' rotary `inv_freq` to bf16 (0.5625 for 0.5623), which shifts
+    the angle at position 400 by up to a radian; SGLang computes RoPE in fp32."""
+    for q in model.parameters():
+        q.data = q.data.to(dtype)
+
+
 def save_target(model: Any, tok: Any, out: Path, p: Preset) -> None:
     from .tokenizer import write_hf_tokenizer
 
