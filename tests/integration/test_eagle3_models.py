@@ -179,7 +179,8 @@ def test_the_trained_head_accepts_far_more_than_the_untrained_one(report: dict[s
     assert trained["mean_accept_length"] >= untrained["mean_accept_length"] + 0.5
     # teacher-forced on held-out text: agreement with the target's argmax at draft position 1
     assert report["heldout_agreement"][0] >= 0.25
-    assert report["heldout_agreement"][0] >= 4 * report["untrained_head"]["heldout_agreement"][0]
+    assert report["heldout_agreement"][0] >= \
+        report["untrained_head"]["heldout_agreement"][0] + 0.3
     assert report["rejection"]["per_position"][0] >= 0.4
 
 

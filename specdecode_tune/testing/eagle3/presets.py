@@ -107,7 +107,7 @@ PRESETS: dict[str, Preset] = {
     "toy": Preset(
         name="toy", train_conversations=300, tokenizer_chars=300_000, vocab_size=512,
         seq_len=128, hidden=64, layers=7, heads=2, kv_heads=1, ffn=192,
-        max_position=512, target_steps=150, target_batch=16, target_lr=4e-3,
+        max_position=512, target_steps=150, target_batch=16, target_lr=1e-2,
         head_steps=80, head_batch=8, head_lr=4e-3, ttt_length=5,
         eval_prompts=16, eval_prompt_tokens=48, eval_new_tokens=40, draft_steps=5,
         train_dtype="float32", saved_dtype="float32"),
