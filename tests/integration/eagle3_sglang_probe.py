@@ -20,7 +20,9 @@ each RadixAttention replaced by plain attention over the same KV entries SGLang'
 row plus the chain's own), against the project's: the target's hidden states captured for the
 head (transformers' model with `target.Capture` vs SGLang's `layers_to_capture` with
 `set_eagle3_layers_to_capture()`), and the head's logits and passed-on hidden state for the
-draft extend and two chain steps (`head.Eagle3Head.step` vs SGLang's `LlamaModel.forward`).
+draft extend and two chain steps (`head.Eagle3Head.step` vs SGLang's `LlamaModel.forward`), and
+the training graph: the teacher-forced TTT unroll (`Eagle3Head.unroll`) at steps 0-2 of one row
+against SGLang's draft extend and chain fed the true tokens.
 Reported as the largest absolute differences and the logits' scale.
 
 Needs no GPU: SGLANG_USE_CPU_ENGINE=1 makes the rotary embedding take its CPU path, the
@@ -185,6 +187,19 @@ def compare(pair_dir: str, target_model, head_model) -> dict:
                                      torch.tensor([[row]]))
             diffs[f"chain{s}_logits"] = float((normed @ lm.T - logits[0]).abs().max())
             diffs[f"chain{s}_hidden"] = float((sg_prev - prev[0]).abs().max())
+        # training: the teacher-forced unroll's row r at step s is SGLang's chain from row r
+        # fed the true tokens t[r+1+s] at positions r+s
+        steps = head.unroll(ids[None], aux[None], 3)
+        tok = torch.cat([ids[1:], torch.tensor([0])])   # the unroll's step-0 input
+        normed, (sg_h,) = head_model.model(tok, pos, Batch(hidden=aux))
+        row = n - 4
+        sg_prev = sg_h[row: row + 1]
+        diffs["ttt0_logits"] = float((normed[row] @ lm.T - steps[0][0, row]).abs().max())
+        for s in (1, 2):
+            normed, (sg_prev,) = head_model.model(ids[row + 1 + s: row + 2 + s],
+                                                  torch.tensor([row + s]),
+                                                  Batch(hidden=sg_prev, chain_row=row))
+            diffs[f"ttt{s}_logits"] = float((normed[0] @ lm.T - steps[s][0, row]).abs().max())
     return diffs
 
 

@@ -170,6 +170,9 @@ def test_sglang_computes_what_the_head_was_trained_to_compute(probe: dict[str, A
     for key in ("extend", "chain1", "chain2"):
         assert d[f"{key}_logits"] <= 1e-4 * d["logit_scale"], key
         assert d[f"{key}_hidden"] <= 1e-4 * d["aux_scale"], key
+    # what the head was trained on: the TTT unroll is SGLang's chain (tokens, positions, KV)
+    for key in ("ttt0", "ttt1", "ttt2"):
+        assert d[f"{key}_logits"] <= 1e-4 * d["logit_scale"], key
 
 
 def test_the_trained_head_accepts_far_more_than_the_untrained_one(report: dict[str, Any]
