@@ -25,9 +25,10 @@ figures are a toy's).
 Reproducibility: the split, the order of the training text and the tokenizer depend only on
 the file and the seed. On a CPU a seed gives the same bytes again with the same torch and the
 same number of threads. On a GPU it does not: cuBLAS and the attention kernels' backward
-passes add in an order that varies run to run, so the weights differ in their last bits and
-the acceptance figures by about a percent; `torch.use_deterministic_algorithms` is not set
-because it would slow the run past its budget (and some kernels have no deterministic form).
+passes add in an order that varies from run to run, so the weights differ in their last bits
+and the report's figures somewhat (by how much is for the first GPU runs to show);
+`torch.use_deterministic_algorithms` is not set because it would slow the run past its budget
+(and some kernels have no deterministic form).
 
 torch, transformers, tokenizers and safetensors are not dependencies of the project: this
 package's modules import them, and only `cli.main` imports those modules (on use), so
