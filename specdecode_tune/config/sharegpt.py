@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 
@@ -60,6 +60,7 @@ DEFAULT_MAX_TOTAL = 2048
 _HUMAN = {"human", "user"}
 _MODEL = {"gpt", "chatgpt", "assistant", "bard", "bing", "model"}
 _CACHE_VERSION = "2"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,18 @@ _SEP = re.compile(r"[\s,]*")
 def read_conversations(file: str) -> tuple[list[tuple[str, str, str] | None], bool]:
     """Each whole record of a ShareGPT JSON array as (id, first human turn, reply), or None
     for one that has no such pair; and whether the file read to its end."""
+    return _read_records(file, _pair)
+
+
+def read_turns(file: str) -> tuple[list[tuple[str, str, str, tuple[str, ...]] | None], bool]:
+    """As `read_conversations`, with the text of every turn of the record appended in order
+    (the test models of `specdecode_tune.testing.eagle3` train on whole conversations)."""
+    return _read_records(file, _turns)
+
+
+def _read_records(file: str, each: Callable[[Any, int], _T]) -> tuple[list[_T], bool]:
+    """`each(record, index)` of each whole record of a ShareGPT JSON array; and whether the
+    file read to its end (a copy cut short ends inside a record, which is dropped)."""
     try:
         with open(file, encoding="utf-8") as f:
             text = f.read()
@@ -187,7 +200,7 @@ def read_conversations(file: str) -> tuple[list[tuple[str, str, str] | None], bo
                           f"([{{\"id\", \"conversations\": [...]}}, ...])")
     dec = json.JSONDecoder()
     i = _SEP.match(text, start + 1).end()   # type: ignore[union-attr]
-    out: list[tuple[str, str, str] | None] = []
+    out: list[_T] = []
     complete = False
     while i < len(text):
         if text[i] == "]":
@@ -197,9 +210,18 @@ def read_conversations(file: str) -> tuple[list[tuple[str, str, str] | None], bo
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             break            # the record the file ends inside
-        out.append(_pair(obj, len(out)))
+        out.append(each(obj, len(out)))
         i = _SEP.match(text, i).end()   # type: ignore[union-attr]
     return out, complete
+
+
+def _turns(obj: Any, index: int) -> tuple[str, str, str, tuple[str, ...]] | None:
+    pair = _pair(obj, index)
+    if pair is None:
+        return None
+    turns = obj.get("conversations", obj.get("conversation"))
+    return (*pair, tuple(t["value"] for t in turns
+                         if isinstance(t, dict) and isinstance(t.get("value"), str)))
 
 
 def _pair(obj: Any, index: int) -> tuple[str, str, str] | None:

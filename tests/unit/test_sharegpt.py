@@ -91,6 +91,22 @@ def test_a_file_cut_inside_a_record_reads_its_whole_records(tmp_path: Path) -> N
     assert not s.complete and {p.id for p in s.prompts} == {f"c{i}" for i in range(7)}
 
 
+def test_read_turns_adds_every_turn_to_the_conversations_read_conversations_takes(
+        tmp_path: Path) -> None:
+    rows = [conv(i, 3, 4) for i in range(4)]
+    rows[1]["conversations"] += [{"from": "human", "value": "more"}, {"from": "gpt", "value": "ok"}]
+    rows[2]["conversations"][0]["from"] = "gpt"          # no human first turn: not taken
+    rows.append({"id": "c9", "conversations": [{"from": "human", "value": "alone"}]})
+    f = write(tmp_path / "d.json", rows, cut=len(json.dumps(rows, indent=1)) - 30)
+    pairs, complete = sg.read_conversations(str(f))
+    turns, complete_too = sg.read_turns(str(f))
+    assert not complete and not complete_too and len(turns) == len(pairs) == 4
+    assert [t[:3] if t else None for t in turns] == pairs
+    assert turns[2] is None
+    assert turns[1] is not None and turns[1][3][2:] == ("more", "ok")
+    assert turns[0] is not None and turns[0][3] == (turns[0][1], turns[0][2])
+
+
 def test_the_packaged_copy_is_read_when_no_path_is_given() -> None:
     s = WorkloadSpec(kind="sharegpt", seed=0, max_prompts=50).sharegpt_sample()
     assert len(s.prompts) == 50 and s.conversations > 10_000

@@ -1,0 +1,286 @@
+"""The acceptance report: EAGLE-3 chain drafting (topk 1) simulated in PyTorch with the target
+and the head, on held-out ShareGPT prompts.
+
+`simulate` runs speculative decoding as SGLang's EAGLE worker does, batch by batch, without KV
+caches (each verify recomputes the target over the whole sequence, which causal attention makes
+equal to a cached run): after the prefill the target's next token is the first "bonus" token;
+then per iteration the head drafts `draft_steps` tokens from the target hidden states of every
+accepted position (the draft extend) and its own chain, the target scores all of them in one
+forward, and the longest accepted prefix plus one target token is emitted. Acceptance:
+
+- greedy: a draft is accepted while it equals the target's argmax (lossless, so the text is the
+  target's greedy text);
+- `target_only` at temperature T: the draft is the head's top-1 token d and is accepted with
+  probability p(d), p the target's softmax at T; on rejection the token is drawn from p without
+  d. This is speculative sampling with a one-hot draft distribution, what SGLang 0.5.17 does by
+  default at T > 0 (eagle_utils.py: `draft_probs` zeros, `tree_speculative_sampling_target_only`,
+  thresholds 1.0);
+- `rejection` at temperature T: the draft is sampled from q, the head's softmax at T, accepted
+  with probability min(1, p(d) / q(d)), and on rejection the token is drawn from
+  norm(max(0, p - q)) (SGLang's --speculative-use-rejection-sampling).
+
+Figures per iteration: position k is "reached" when drafts 1..k-1 were accepted; the
+conditional acceptance of position k is accepted / reached over all iterations (null where
+never reached). The accept length of an iteration is accepted drafts + 1 (SGLang's
+`spec_accept_length`); its mean is emitted tokens / iterations, over all prompts and per prompt.
+
+`topk_hits` measures, teacher-forced along the greedy text, how often the target's token is in
+the head's top-k at draft position k given that it was in the top-k at every earlier position
+(the chain of a full top-k tree; SGLang's tree keeps only `topk` nodes a level, so this is an
+upper bound of what its tree can accept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .head import KV, Eagle3Head
+from .presets import Preset
+from .target import Capture
+from .tokenizer import EOS_ID
+
+TOPKS = (1, 2, 4)
+
+
+def _rates(num: torch.Tensor, den: torch.Tensor) -> list[float | None]:
+    return [round(float(a) / float(b), 4) if b > 0 else None for a, b in zip(num, den)]
+
+
+def _pick(logits: torch.Tensor, mode: str, temperature: float, gen: torch.Generator
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The draft token of each row, and q (the draft distribution) where it is sampled."""
+    if mode != "rejection":
+        return logits.argmax(-1), None
+    q = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(q, 1, generator=gen).squeeze(-1), q
+
+
+@torch.no_grad()
+def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p: Preset, *,
+             mode: str, temperature: float, seed: int, device: torch.device) -> dict[str, Any]:
+    """Speculative decoding of `prompts` (token ids, `<s>` first) with `p.draft_steps`
+    drafts a step; mode "greedy", "target_only" or "rejection". Returns the figures and the
+    generated token ids of each prompt (`texts`)."""
+    k_steps = p.draft_steps
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cap = Capture(target, p.capture_layers)
+    b = len(prompts)
+    plen = torch.tensor([len(x) for x in prompts], device=device)
+    width = int(plen.max()) + p.eval_new_tokens + 2 * k_steps + 2
+    buf = torch.zeros(b, width, dtype=torch.long, device=device)
+    for i, x in enumerate(prompts):
+        buf[i, : len(x)] = torch.tensor(list(x), device=device)
+    reached = torch.zeros(k_steps, dtype=torch.long)
+    accepted = torch.zeros(k_steps, dtype=torch.long)
+    iters = torch.zeros(b, dtype=torch.long, device=device)
+    emitted = torch.zeros(b, dtype=torch.long, device=device)
+    ar = torch.arange(b, device=device)
+
+    def target_probs(logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+
+    def sample_p(probs: torch.Tensor) -> torch.Tensor:
+        if mode == "greedy":
+            return probs.argmax(-1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+    try:
+        # prefill: the target's first token is the first bonus token
+        n = int(plen.max())
+        logits = target(input_ids=buf[:, :n]).logits
+        aux = cap.aux()
+        last = logits[ar, plen - 1]
+        buf[ar, plen] = sample_p(target_probs(last))
+        lens = plen + 1
+        done = buf[ar, plen] == EOS_ID
+        while not bool(done.all()):
+            n = int(lens.max())
+            # draft extend over every accepted position, then the chain from row lens-2
+            kv = KV()
+            pos = torch.arange(n - 1, device=device)[None].expand(b, n - 1)
+            hid, lg = head.step(buf[:, 1:n], aux[:, : n - 1], pos, kv)
+            row = (lens - 2)[:, None]
+            hid = hid[ar, lens - 2][:, None]
+            tok, q = _pick(lg[ar, lens - 2], mode, temperature, gen)
+            drafts, qs = [tok], [q]
+            for s in range(1, k_steps):
+                hid, lg = head.step(drafts[-1][:, None], hid, row + s, kv, row)
+                tok, q = _pick(lg[:, 0], mode, temperature, gen)
+                drafts.append(tok)
+                qs.append(q)
+            d = torch.stack(drafts, 1)                                  # [B, K]
+            cols = lens[:, None] + torch.arange(k_steps, device=device)[None]
+            buf.scatter_(1, cols, d)
+            # verify: the target's distributions at lens-1 .. lens-1+K
+            logits = target(input_ids=buf[:, : n + k_steps]).logits
+            aux = cap.aux()
+            at = (lens - 1)[:, None] + torch.arange(k_steps + 1, device=device)[None]
+            probs = target_probs(logits[ar[:, None], at])               # [B, K+1, V]
+            ok = torch.ones(b, dtype=torch.bool, device=device)
+            n_acc = torch.zeros(b, dtype=torch.long, device=device)
+            bonus = torch.zeros(b, dtype=torch.long, device=device)
+            settled = torch.zeros(b, dtype=torch.bool, device=device)
+            live = ~done
+            for s in range(k_steps):
+                ps = probs[:, s]
+                pd = ps.gather(1, d[:, s: s + 1]).squeeze(1)
+                if mode == "greedy":
+                    acc = d[:, s] == ps.argmax(-1)
+                    resid = ps
+                elif mode == "target_only":
+                    acc = torch.rand(b, device=device, generator=gen) < pd
+                    resid = ps.scatter(1, d[:, s: s + 1], 0.0)
+                else:
+                    qs_s = qs[s]
+                    assert qs_s is not None
+                    qd = qs_s.gather(1, d[:, s: s + 1]).squeeze(1)
+                    acc = torch.rand(b, device=device, generator=gen) < (pd / qd).clamp(max=1.0)
+                    resid = (ps - qs_s).clamp(min=0.0)
+                reached[s] += int((ok & live).sum())
+                accepted[s] += int((ok & acc & live).sum())
+                rejected_now = ok & ~acc
+                if bool(rejected_now.any()):
+                    r = resid[rejected_now]
+                    r = torch.where(r.sum(-1, keepdim=True) > 0, r, ps[rejected_now])
+                    bonus[rejected_now] = sample_p(r / r.sum(-1, keepdim=True))
+                    settled |= rejected_now
+                n_acc += (ok & acc).long()
+                ok = ok & acc
+            if bool(ok.any()):
+                bonus[ok] = sample_p(probs[ok, k_steps])
+            # emit: accepted drafts are in place; the bonus goes after them
+            buf[ar, lens + n_acc] = bonus
+            clear = lens[:, None] + n_acc[:, None] + 1 + torch.arange(k_steps, device=device)
+            buf.scatter_(1, clear.clamp(max=width - 1), 0)
+            new = torch.stack([buf[ar, lens + j] for j in range(k_steps + 1)], 1)
+            took = torch.arange(k_steps + 1, device=device)[None] <= n_acc[:, None]
+            hit_eos = ((new == EOS_ID) & took).any(1)
+            iters += live.long()
+            emitted += (n_acc + 1) * live.long()
+            lens = torch.where(live, lens + n_acc + 1, lens)
+            done = done | hit_eos | (lens - plen >= p.eval_new_tokens)
+    finally:
+        cap.remove()
+    per_prompt = (emitted.float() / iters.clamp(min=1).float()).cpu()
+    return {
+        "mode": mode,
+        "temperature": temperature if mode != "greedy" else 0.0,
+        "per_position": _rates(accepted, reached),
+        "reached": reached.tolist(),
+        "accepted": accepted.tolist(),
+        "iterations": int(iters.sum()),
+        "mean_accept_length": round(float(emitted.sum()) / max(1, int(iters.sum())), 4),
+        "per_prompt_accept_length": summary(per_prompt[iters.cpu() > 0].tolist()),
+        "texts": [buf[i, int(plen[i]): int(lens[i])].tolist() for i in range(b)],
+    }
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    v = sorted(values)
+
+    def q(f: float) -> float:
+        return round(v[min(len(v) - 1, int(f * len(v)))], 3)
+    return {"min": round(v[0], 3), "p25": q(0.25), "median": q(0.5), "p75": q(0.75),
+            "max": round(v[-1], 3)}
+
+
+@torch.no_grad()
+def topk_hits(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]],
+              texts: Sequence[Sequence[int]], p: Preset, device: torch.device
+              ) -> dict[str, list[float | None]]:
+    """Conditional top-k hit rate per draft position, teacher-forced along the greedy texts,
+    over every chain start in the generated part."""
+    cap = Capture(target, p.capture_layers)
+    seqs = [list(a) + list(t) for a, t in zip(prompts, texts)]
+    n = max(len(seq) for seq in seqs)
+    ids = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)] = torch.tensor(seq, device=device)
+    lens = torch.tensor([len(seq) for seq in seqs], device=device)
+    plen = torch.tensor([len(a) for a in prompts], device=device)
+    try:
+        target(input_ids=ids)
+        aux = cap.aux()
+    finally:
+        cap.remove()
+    rows = torch.arange(n, device=device)[None]
+    # a chain starts at row i when its last known token (i+1) is a generated one
+    start = (rows + 1 >= plen[:, None])
+    alive = {k: start.clone() for k in TOPKS}
+    num = {k: torch.zeros(p.draft_steps, dtype=torch.long) for k in TOPKS}
+    den = {k: torch.zeros(p.draft_steps, dtype=torch.long) for k in TOPKS}
+    for s, logits in enumerate(head.unroll(ids, aux, p.draft_steps)):
+        truth = torch.nn.functional.pad(ids[:, 2 + s:], (0, 2 + s))
+        has = (rows + 2 + s) < lens[:, None]
+        top = logits.topk(max(TOPKS), dim=-1).indices
+        for k in TOPKS:
+            hit = (top[..., :k] == truth[..., None]).any(-1)
+            live = alive[k] & has
+            den[k][s] += int(live.sum())
+            num[k][s] += int((live & hit).sum())
+            alive[k] = live & hit
+    return {str(k): _rates(num[k], den[k]) for k in TOPKS}
+
+
+@torch.no_grad()
+def heldout_agreement(target: Any, head: Eagle3Head, rows: torch.Tensor, p: Preset,
+                      device: torch.device, batch: int = 8) -> list[float]:
+    """SpecForge's per-position accuracy on held-out text: teacher-forced TTT along the
+    held-out documents (packed rows), how often the head's top-1 at draft position k equals
+    the target's argmax there, over every row (not conditioned on earlier positions)."""
+    cap = Capture(target, p.capture_layers)
+    hits = torch.zeros(p.draft_steps)
+    counts = torch.zeros(p.draft_steps)
+    try:
+        for i in range(0, len(rows), batch):
+            x = rows[i: i + batch].long().to(device)
+            best = target(input_ids=x).logits.argmax(-1)
+            aux = cap.aux()
+            t = x.shape[1]
+            for s, logits in enumerate(head.unroll(x, aux, p.draft_steps)):
+                n = t - 1 - s
+                hits[s] += float((logits[:, :n].argmax(-1) == best[:, 1 + s:]).sum())
+                counts[s] += best[:, 1 + s:].numel()
+    finally:
+        cap.remove()
+    return [round(float(h / c), 4) for h, c in zip(hits, counts)]
+
+
+def mean_length(rates: Sequence[float | None]) -> float:
+    """The accept length a chain with these conditional rates would give: 1 + sum over k of
+    the product of the rates up to k."""
+    total, prod = 1.0, 1.0
+    for r in rates:
+        if r is None:
+            break
+        prod *= r
+        total += prod
+    return round(total, 4)
+
+
+def table(report: dict[str, Any]) -> str:
+    """The compact table printed at the end of a run."""
+    k = report["eval"]["draft_steps"]
+    head = f"{'':26}" + "".join(f"{'pos ' + str(i + 1):>7}" for i in range(k)) + \
+        f"{'accept len':>12}"
+    lines = [head]
+
+    def row(name: str, rates: Sequence[float | None], length: float | str) -> None:
+        cells = "".join(f"{'-' if r is None else format(r, '.2f'):>7}" for r in rates)
+        lines.append(f"{name:26}{cells}{length!s:>12}")
+
+    for key, label in (("greedy", "greedy"), ("target_only", "T=0.7 top-1 drafts"),
+                       ("rejection", "T=0.7 sampled drafts")):
+        r = report[key]
+        row(label, r["per_position"], f"{r['mean_accept_length']:.2f}")
+    for kk, rates in report["topk_hits"].items():
+        row(f"top-{kk} hit (teacher-forced)", rates, f"({mean_length(rates):.2f})")
+    row("held-out text top-1 (TTT)", report["heldout_agreement"], "")
+    u = report["untrained_head"]["greedy"]
+    row("untrained head, greedy", u["per_position"], f"{u['mean_accept_length']:.2f}")
+    return "\n".join(lines)
