@@ -228,7 +228,7 @@ def train_head(head: Eagle3Head, target: Any, rows: torch.Tensor, p: Preset,
                 g["lr"] = lr_at(step, p.head_steps, p.head_lr)
             x = x.to(device, non_blocking=True)
             with torch.no_grad(), autocast(device, p.train_dtype):
-                tlogits = target(input_ids=x).logits
+                tlogits = target(input_ids=x, use_cache=False).logits
                 aux = cap.aux()
             with torch.no_grad():
                 tprob = torch.softmax(tlogits.float(), dim=-1)
