@@ -187,6 +187,16 @@ def test_the_trained_head_accepts_far_more_than_the_untrained_one(report: dict[s
     assert report["rejection"]["per_position"][0] >= 0.4
 
 
+def test_the_simulated_greedy_loop_agrees_with_the_teacher_forced_walk(report: dict[str, Any]
+                                                                      ) -> None:
+    # Two computations of greedy decoding: the verify loop, and the head's chains
+    # teacher-forced along the greedy text (greedy emits that text whatever the head).
+    sim, walk = report["greedy"], report["greedy_walk"]
+    assert sim["per_position"] == walk["per_position"]
+    assert sim["mean_accept_length"] == walk["mean_accept_length"]
+    assert sim["iterations"] == walk["iterations"]
+
+
 def slope(values: list[float]) -> float:
     n = len(values)
     mx, my = (n - 1) / 2, sum(values) / n

@@ -135,10 +135,13 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
     for mode, temp in (("greedy", 0.0), ("target_only", 0.7), ("rejection", 0.7)):
         runs[mode] = report.simulate(model, drafter, prompts, p, mode=mode, temperature=temp,
                                      seed=seed, device=device)
-    hits = report.topk_hits(model, drafter, prompts, runs["greedy"]["texts"], p, device)
+    texts = runs["greedy"]["texts"]
+    forced = report.teacher_forced(model, drafter, prompts, texts, p, device)
+    hits = report.topk_hits(forced, p)
+    walk = report.greedy_walk(forced, p)
     agreement = report.heldout_agreement(model, drafter, eval_rows[: p.eval_prompts], p, device)
-    base = report.simulate(model, untrained, prompts, p, mode="greedy", temperature=0.0,
-                           seed=seed, device=device)
+    base = report.greedy_walk(report.teacher_forced(model, untrained, prompts, texts, p,
+                                                     device), p)
     base_agreement = report.heldout_agreement(model, untrained, eval_rows[: p.eval_prompts], p,
                                               device)
     phases.done("report")
@@ -173,6 +176,7 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
                      "new_tokens": p.eval_new_tokens, "draft_steps": p.draft_steps,
                      "topk": 1},
             **{m: {k: v for k, v in r.items() if k != "texts"} for m, r in runs.items()},
+            "greedy_walk": walk,
             "topk_hits": hits,
             "heldout_agreement": agreement,
             "untrained_head": {

@@ -170,7 +170,15 @@ class Eagle3Head(nn.Module):
             causal = torch.arange(t, device=x.device)[None, None, :] <= rows[:, :, None]
             eye = torch.eye(r, dtype=torch.bool, device=x.device)[None].expand(b, r, r)
             mask = torch.cat([causal] + [eye] * len(kv.chain_k), dim=-1)[:, None]
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            if r == 1:
+                # one query a row (the simulated chain): plain attention, which is all a
+                # masked SDPA call does for it (and was the slow part of the report on an
+                # H100, which the per-call kernel choice may explain)
+                w = (q @ keys.transpose(-1, -2)).float() * a.head_dim ** -0.5
+                w = w.masked_fill(~mask, float("-inf")).softmax(-1)
+                o = w.to(vals.dtype) @ vals
+            else:
+                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
         h = a.o_proj(o.transpose(1, 2).reshape(b, r, a.heads * a.head_dim)) + hidden
         h = layer.mlp(layer.post_attention_layernorm(h)) + h
         return h, self.lm_head(self.norm(h))
@@ -228,7 +236,7 @@ def train_head(head: Eagle3Head, target: Any, rows: torch.Tensor, p: Preset,
                 g["lr"] = lr_at(step, p.head_steps, p.head_lr)
             x = x.to(device, non_blocking=True)
             with torch.no_grad(), autocast(device, p.train_dtype):
-                tlogits = target(input_ids=x).logits
+                tlogits = target(input_ids=x, use_cache=False).logits
                 aux = cap.aux()
             with torch.no_grad():
                 tprob = torch.softmax(tlogits.float(), dim=-1)

@@ -24,7 +24,10 @@ conditional acceptance of position k is accepted / reached over all iterations (
 never reached). The accept length of an iteration is accepted drafts + 1 (SGLang's
 `spec_accept_length`); its mean is emitted tokens / iterations, over all prompts and per prompt.
 
-`topk_hits` measures, teacher-forced along the greedy text, how often the target's token is in
+`greedy_walk` gives greedy decoding's figures without the loop, from the head's chains
+teacher-forced along the target's greedy text (greedy decoding emits that text whatever the
+head): the untrained head's are computed so. `topk_hits` measures, teacher-forced along the
+greedy text, how often the target's token is in
 the head's top-k at draft position k given that it was in the top-k at every earlier position
 (the chain of a full top-k tree; SGLang's tree keeps only `topk` nodes a level, so this is an
 upper bound of what its tree can accept).
@@ -73,8 +76,8 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
     buf = torch.zeros(b, width, dtype=torch.long, device=device)
     for i, x in enumerate(prompts):
         buf[i, : len(x)] = torch.tensor(list(x), device=device)
-    reached = torch.zeros(k_steps, dtype=torch.long)
-    accepted = torch.zeros(k_steps, dtype=torch.long)
+    reached = torch.zeros(k_steps, dtype=torch.long, device=device)
+    accepted = torch.zeros(k_steps, dtype=torch.long, device=device)
     iters = torch.zeros(b, dtype=torch.long, device=device)
     emitted = torch.zeros(b, dtype=torch.long, device=device)
     ar = torch.arange(b, device=device)
@@ -90,7 +93,7 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
     try:
         # prefill: the target's first token is the first bonus token
         n = int(plen.max())
-        logits = target(input_ids=buf[:, :n]).logits
+        logits = target(input_ids=buf[:, :n], use_cache=False).logits
         aux = cap.aux()
         last = logits[ar, plen - 1]
         buf[ar, plen] = sample_p(target_probs(last))
@@ -115,15 +118,16 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
             cols = lens[:, None] + torch.arange(k_steps, device=device)[None]
             buf.scatter_(1, cols, d)
             # verify: the target's distributions at lens-1 .. lens-1+K
-            logits = target(input_ids=buf[:, : n + k_steps]).logits
+            logits = target(input_ids=buf[:, : n + k_steps], use_cache=False).logits
             aux = cap.aux()
             at = (lens - 1)[:, None] + torch.arange(k_steps + 1, device=device)[None]
             probs = target_probs(logits[ar[:, None], at])               # [B, K+1, V]
             ok = torch.ones(b, dtype=torch.bool, device=device)
             n_acc = torch.zeros(b, dtype=torch.long, device=device)
             bonus = torch.zeros(b, dtype=torch.long, device=device)
-            settled = torch.zeros(b, dtype=torch.bool, device=device)
             live = ~done
+            # no host syncs in here: every row draws its would-be replacement token at every
+            # position, and the first rejection's is kept
             for s in range(k_steps):
                 ps = probs[:, s]
                 pd = ps.gather(1, d[:, s: s + 1]).squeeze(1)
@@ -139,18 +143,14 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
                     qd = qs_s.gather(1, d[:, s: s + 1]).squeeze(1)
                     acc = torch.rand(b, device=device, generator=gen) < (pd / qd).clamp(max=1.0)
                     resid = (ps - qs_s).clamp(min=0.0)
-                reached[s] += int((ok & live).sum())
-                accepted[s] += int((ok & acc & live).sum())
-                rejected_now = ok & ~acc
-                if bool(rejected_now.any()):
-                    r = resid[rejected_now]
-                    r = torch.where(r.sum(-1, keepdim=True) > 0, r, ps[rejected_now])
-                    bonus[rejected_now] = sample_p(r / r.sum(-1, keepdim=True))
-                    settled |= rejected_now
+                reached[s] += (ok & live).sum()
+                accepted[s] += (ok & acc & live).sum()
+                resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, ps)
+                replace = sample_p(resid / resid.sum(-1, keepdim=True))
+                bonus = torch.where(ok & ~acc, replace, bonus)
                 n_acc += (ok & acc).long()
                 ok = ok & acc
-            if bool(ok.any()):
-                bonus[ok] = sample_p(probs[ok, k_steps])
+            bonus = torch.where(ok, sample_p(probs[:, k_steps]), bonus)
             # emit: accepted drafts are in place; the bonus goes after them
             buf[ar, lens + n_acc] = bonus
             clear = lens[:, None] + n_acc[:, None] + 1 + torch.arange(k_steps, device=device)
@@ -168,7 +168,7 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
     return {
         "mode": mode,
         "temperature": temperature if mode != "greedy" else 0.0,
-        "per_position": _rates(accepted, reached),
+        "per_position": _rates(accepted.cpu(), reached.cpu()),
         "reached": reached.tolist(),
         "accepted": accepted.tolist(),
         "iterations": int(iters.sum()),
@@ -190,41 +190,99 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 
 
 @torch.no_grad()
-def topk_hits(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]],
-              texts: Sequence[Sequence[int]], p: Preset, device: torch.device
-              ) -> dict[str, list[float | None]]:
-    """Conditional top-k hit rate per draft position, teacher-forced along the greedy texts,
-    over every chain start in the generated part."""
+def teacher_forced(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]],
+                    texts: Sequence[Sequence[int]], p: Preset, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The head's chains teacher-forced along prompt + text: (top [K, B, n, max k] of the
+    head's top-k token ids of draft position k+1 at every row, truth [K, B, n] the text's
+    token there, plen [B], lens [B]), on the CPU. Row i's chain is the one SGLang drafts
+    after a verify whose last accepted token (the bonus) is at i+1."""
     cap = Capture(target, p.capture_layers)
     seqs = [list(a) + list(t) for a, t in zip(prompts, texts)]
     n = max(len(seq) for seq in seqs)
     ids = torch.zeros(len(seqs), n, dtype=torch.long, device=device)
     for i, seq in enumerate(seqs):
         ids[i, : len(seq)] = torch.tensor(seq, device=device)
-    lens = torch.tensor([len(seq) for seq in seqs], device=device)
-    plen = torch.tensor([len(a) for a in prompts], device=device)
     try:
-        target(input_ids=ids)
+        target(input_ids=ids, use_cache=False)
         aux = cap.aux()
     finally:
         cap.remove()
-    rows = torch.arange(n, device=device)[None]
-    # a chain starts at row i when its last known token (i+1) is a generated one
-    start = (rows + 1 >= plen[:, None])
-    alive = {k: start.clone() for k in TOPKS}
-    num = {k: torch.zeros(p.draft_steps, dtype=torch.long) for k in TOPKS}
-    den = {k: torch.zeros(p.draft_steps, dtype=torch.long) for k in TOPKS}
+    top, truth = [], []
     for s, logits in enumerate(head.unroll(ids, aux, p.draft_steps)):
-        truth = torch.nn.functional.pad(ids[:, 2 + s:], (0, 2 + s))
-        has = (rows + 2 + s) < lens[:, None]
-        top = logits.topk(max(TOPKS), dim=-1).indices
-        for k in TOPKS:
-            hit = (top[..., :k] == truth[..., None]).any(-1)
-            live = alive[k] & has
-            den[k][s] += int(live.sum())
-            num[k][s] += int((live & hit).sum())
-            alive[k] = live & hit
-    return {str(k): _rates(num[k], den[k]) for k in TOPKS}
+        top.append(logits.topk(max(TOPKS), dim=-1).indices.cpu())
+        truth.append(torch.nn.functional.pad(ids[:, 2 + s:], (0, 2 + s)).cpu())
+    plen = torch.tensor([len(a) for a in prompts])
+    lens = torch.tensor([len(seq) for seq in seqs])
+    return torch.stack(top), torch.stack(truth), plen, lens
+
+
+def topk_hits(tf: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], p: Preset
+              ) -> dict[str, list[float | None]]:
+    """Conditional top-k hit rate per draft position, teacher-forced along the greedy texts
+    (`teacher_forced`), over every chain start in the generated part."""
+    top, truth, plen, lens = tf
+    n = top.shape[2]
+    rows = torch.arange(n)[None]
+    start = rows + 1 >= plen[:, None]          # the chain's last known token is generated
+    out = {}
+    for k in TOPKS:
+        alive = start.clone()
+        num = torch.zeros(p.draft_steps, dtype=torch.long)
+        den = torch.zeros(p.draft_steps, dtype=torch.long)
+        for s in range(p.draft_steps):
+            hit = (top[s, ..., :k] == truth[s][..., None]).any(-1)
+            live = alive & ((rows + 2 + s) < lens[:, None])
+            den[s] = live.sum()
+            num[s] = (live & hit).sum()
+            alive = live & hit
+        out[str(k)] = _rates(num, den)
+    return out
+
+
+def greedy_walk(tf: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], p: Preset
+                ) -> dict[str, Any]:
+    """Greedy decoding's figures from the teacher-forced chains (`teacher_forced`) along the
+    target's greedy texts, verify after verify: greedy decoding emits the target's greedy
+    text whatever the head, and a verify accepts the drafts up to the first that is not the
+    text's token, so this equals `simulate(mode="greedy")` without running the loop (up to
+    bf16 ties, and the last verify of each text)."""
+    top, truth, plen, lens = tf
+    hit = (top[..., 0] == truth).tolist()          # [K][B][n]
+    k_steps = p.draft_steps
+    reached, accepted = [0] * k_steps, [0] * k_steps
+    per_prompt = []
+    iters = emitted = 0
+    for b in range(len(plen)):
+        r, end = int(plen[b]) - 1, int(lens[b])
+        it = em = 0
+        while r + 2 < end:
+            a = 0
+            for s in range(k_steps):
+                if r + 2 + s >= end:
+                    break
+                reached[s] += 1
+                if not hit[s][b][r]:
+                    break
+                accepted[s] += 1
+                a += 1
+            it += 1
+            em += a + 1
+            r += a + 1
+        iters += it
+        emitted += em
+        if it:
+            per_prompt.append(em / it)
+    return {
+        "mode": "greedy (teacher-forced walk along the greedy texts)",
+        "temperature": 0.0,
+        "per_position": _rates(torch.tensor(accepted), torch.tensor(reached)),
+        "reached": reached,
+        "accepted": accepted,
+        "iterations": iters,
+        "mean_accept_length": round(emitted / max(1, iters), 4),
+        "per_prompt_accept_length": summary(per_prompt),
+    }
 
 
 @torch.no_grad()
@@ -239,7 +297,7 @@ def heldout_agreement(target: Any, head: Eagle3Head, rows: torch.Tensor, p: Pres
     try:
         for i in range(0, len(rows), batch):
             x = rows[i: i + batch].long().to(device)
-            best = target(input_ids=x).logits.argmax(-1)
+            best = target(input_ids=x, use_cache=False).logits.argmax(-1)
             aux = cap.aux()
             t = x.shape[1]
             for s, logits in enumerate(head.unroll(x, aux, p.draft_steps)):

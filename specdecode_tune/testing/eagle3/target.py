@@ -111,7 +111,7 @@ def train_target(model: Any, rows: torch.Tensor, p: Preset, device: torch.device
             g["lr"] = lr_at(step, p.target_steps, p.target_lr)
         x = x.to(device, non_blocking=True)
         with autocast(device, p.train_dtype):
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(input_ids=x, labels=x, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -133,7 +133,7 @@ def eval_loss(model: Any, rows: torch.Tensor, p: Preset, device: torch.device) -
     for i in range(0, len(rows), p.target_batch):
         x = rows[i: i + p.target_batch].long().to(device)
         with autocast(device, p.train_dtype):
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(input_ids=x, labels=x, use_cache=False).loss
         total += float(loss) * len(x)
         n += len(x)
     return total / max(1, n)
