@@ -436,38 +436,52 @@ def start_models(work: Work, plan: dict, manifest: dict) -> bool:
     return True
 
 
-CHECK_REQUIREMENTS = r"""
+# Every requirement of argv[1] (a JSON list), followed through the installed distributions'
+# own requirements and extras: what is missing or in a version refused, which came carried
+# (under argv[2]) and which from the image; argv[3]: names the pack left out on purpose
+# (reported as such, not missing), argv[4]: who asked. Sets `out` for the caller's tail.
+WALK_REQUIREMENTS = r"""
 import importlib.metadata as md, json, sys
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as canon
-reqs, problems, seen, versions = json.loads(sys.argv[1]), [], set(), {}
-todo = [(Requirement(r), "the project") for r in reqs]
+site, left_out = sys.argv[2], set(json.loads(sys.argv[3]))
+problems, skipped, versions, seen = [], [], {}, set()
+todo = [(Requirement(r), sys.argv[4]) for r in json.loads(sys.argv[1])]
 while todo:
-    req, by = todo.pop()
+    r, by = todo.pop()
+    if canon(r.name) in left_out:
+        skipped.append(f"{r.name}{r.specifier} (needed by {by})")
+        continue
     try:
-        dist = md.distribution(req.name)
+        dist = md.distribution(r.name)
     except md.PackageNotFoundError:
-        problems.append(f"missing: {req} (needed by {by})")
+        problems.append(f"missing: {r} (needed by {by})")
         continue
     name = canon(dist.metadata["Name"])
     where = str(dist.locate_file(""))
-    versions[name] = f"{dist.version} ({'carried' if where.startswith(sys.argv[2]) else 'image'})"
-    if req.specifier and not req.specifier.contains(dist.version, prereleases=True):
-        problems.append(f"conflict: {name} {dist.version} is there, {by} needs {req}")
-    for extra in [None, *sorted(req.extras)]:
+    versions[name] = f"{dist.version} ({'carried' if where.startswith(site) else 'image'})"
+    if r.specifier and not r.specifier.contains(dist.version, prereleases=True):
+        problems.append(f"conflict: {name} {dist.version} is there, {by} needs {r}")
+    for extra in [None, *sorted(r.extras)]:
         if (name, extra) in seen:
             continue
         seen.add((name, extra))
-        for r in dist.requires or []:
-            sub = Requirement(r)
-            env = {"extra": extra or ""}
-            if sub.marker is None or sub.marker.evaluate(env):
+        for sub in map(Requirement, dist.requires or []):
+            if sub.marker is None or sub.marker.evaluate({"extra": extra or ""}):
                 todo.append((sub, f"{name}{'[' + extra + ']' if extra else ''}"))
+out = {"problems": sorted(set(problems)), "left_out": sorted(set(skipped)),
+       "versions": versions}
+"""
+# The project's: the walk, then the imports a search needs and the dashboard's own check.
+CHECK_REQUIREMENTS = WALK_REQUIREMENTS + r"""
 import ray, ray.tune, optuna, gguf, pynvml, pyarrow, aiohttp
 from ray._private.utils import get_dashboard_dependency_error
-print(json.dumps({"problems": sorted(set(problems)), "versions": versions,
-                  "dashboard": get_dashboard_dependency_error() or "ok",
+print(json.dumps({**out, "dashboard": get_dashboard_dependency_error() or "ok",
                   "ray": ray.__version__, "optuna": optuna.__version__}))
+"""
+# An engine's: the walk only (its imports need the GPU: the server's boot shows them).
+CHECK_ENGINE = WALK_REQUIREMENTS + r"""
+print(json.dumps(out))
 """
 
 
@@ -481,7 +495,8 @@ def install(work: Work, manifest: dict) -> bool:
         say(f"install: pip failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         return False
     r = subprocess.run([sys.executable, "-c", CHECK_REQUIREMENTS,
-                        json.dumps(manifest["requirements"]), str(work.site)],
+                        json.dumps(manifest["requirements"]), str(work.site), "[]",
+                        "the project"],
                        capture_output=True, text=True,
                        env=env_for(work), cwd=REPO, check=False)
     if r.returncode:
@@ -508,38 +523,6 @@ def install(work: Work, manifest: dict) -> bool:
 # Run in the engine's Python (its wrapper): every requirement of the engine, followed through
 # the distributions found, met by the engine's site or the image; importlib.metadata only (the
 # engine's own imports need the GPU and its CUDA libraries: that is for the server to do).
-CHECK_ENGINE = r"""
-import importlib.metadata as md, json, sys
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name as canon
-req, site, left_out = sys.argv[1], sys.argv[2], set(json.loads(sys.argv[3]))
-problems, skipped, versions, seen = [], [], {}, set()
-todo = [(Requirement(req), "the engine")]
-while todo:
-    r, by = todo.pop()
-    if canon(r.name) in left_out:
-        skipped.append(f"{r.name}{r.specifier} (needed by {by})")
-        continue
-    try:
-        dist = md.distribution(r.name)
-    except md.PackageNotFoundError:
-        problems.append(f"missing: {r} (needed by {by})")
-        continue
-    name = canon(dist.metadata["Name"])
-    where = str(dist.locate_file(""))
-    versions[name] = f"{dist.version} ({'carried' if where.startswith(site) else 'image'})"
-    if r.specifier and not r.specifier.contains(dist.version, prereleases=True):
-        problems.append(f"conflict: {name} {dist.version} is there, {by} needs {r}")
-    for extra in [None, *sorted(r.extras)]:
-        if (name, extra) in seen:
-            continue
-        seen.add((name, extra))
-        for sub in map(Requirement, dist.requires or []):
-            if sub.marker is None or sub.marker.evaluate({"extra": extra or ""}):
-                todo.append((sub, f"{name}{'[' + extra + ']' if extra else ''}"))
-print(json.dumps({"problems": sorted(set(problems)), "left_out": sorted(set(skipped)),
-                  "versions": versions}))
-"""
 
 
 def install_engine(work: Work, engine: dict, python: str = sys.executable) -> dict | None:
@@ -567,9 +550,9 @@ def install_engine(work: Work, engine: dict, python: str = sys.executable) -> di
                        f"exec {shlex.quote(python)} \"$@\"\n")
     wrapper.chmod(0o755)
     left_out = sorted({e["name"] for e in engine.get("left_out", [])})
-    r = subprocess.run([str(wrapper), "-c", CHECK_ENGINE, engine["requirement"], str(site),
-                        json.dumps(left_out)], capture_output=True, text=True, cwd=home,
-                       check=False)
+    r = subprocess.run([str(wrapper), "-c", CHECK_ENGINE, json.dumps([engine["requirement"]]),
+                        str(site), json.dumps(left_out), "the engine"],
+                       capture_output=True, text=True, cwd=home, check=False)
     if r.returncode:
         info = {"problems": [f"the requirement check failed: {r.stderr.strip()[-1500:]}"],
                 "left_out": [], "versions": {}}
