@@ -138,6 +138,13 @@ def uses_module_form(binary: str | None) -> bool:
 class VLLMBackend:
     name = "vllm"
     health_path = "/health"
+    # Kept verbatim by scripts/device/engine_readings.py: the served model (its max_model_len),
+    # health, the release; /metrics is kept around each level (its cache_config_info is the
+    # KV budget read_facts takes). In flight: the scheduler's gauges in /metrics.
+    raw_paths: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("v1_models.json", "/v1/models"), ("health.txt", "/health"),
+        ("version.json", "/version"))
+    load_path: ClassVar[str] = "/metrics"
     request_headers: ClassVar[Mapping[str, str]] = {}
     busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running",
                                               "vllm:num_requests_waiting")
