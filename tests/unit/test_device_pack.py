@@ -137,7 +137,7 @@ def test_vllm_tables_give_their_reasons():
         assert name == pp.norm(name) and len(reason) > 30, name
     for path, reason in pp.TRIM["vllm"]:
         assert path.startswith("vllm/") and len(reason) > 30
-    for path, old, new, reason in pp.PATCH["vllm"]:
+    for _path, old, new, reason in pp.PATCH["vllm"]:
         assert old != new and "raise ImportError" in old and "raise" not in new
         assert len(reason) > 30
     compile(pp.PATCH["vllm"][0][2], "patched", "exec")          # the replacement parses

@@ -253,9 +253,9 @@ def test_vllm_gpu_memory_range_brackets_the_kv_need_of_its_trained_pair() -> Non
     mem = exp.param("mem_fraction_static")
     for total_gib in (79.2, 139.8):                    # what torch reports: H100, H200
         for non_kv_gib in (0.5, 1.0, 1.5):
-            kv = lambda u: u * total_gib - non_kv_gib  # noqa: E731 - GiB of KV at u
-            assert kv(mem.low) * 2**30 < need, (total_gib, non_kv_gib)
-            assert kv(mem.high) * 2**30 > 2.5 * need, (total_gib, non_kv_gib)
+            low, high = (u * total_gib - non_kv_gib for u in (mem.low, mem.high))  # GiB
+            assert low * 2**30 < need, (total_gib, non_kv_gib)
+            assert high * 2**30 > 2.5 * need, (total_gib, non_kv_gib)
 
 
 # ---------------------------------------------------------------------------------------------
