@@ -11,14 +11,19 @@ gpu_search.py). Every server is started exactly as a trial starts it (the backen
 environment, `ServerProcess`, the backend's failure patterns), bound to 127.0.0.1, and stopped
 by its process group before the next one.
 
-What DIR gets (the raw files are the server's own words, kept for tests/data/):
+What DIR gets (the raw files are the server's own words, kept for tests/data/); which paths
+are read is the backend's (`raw_paths`, `load_path`), so the probe serves every engine:
 
 - `healthy.log`: the start-up log of the boot at `--set`;
-- `raw/`: `server_info.json`, `get_load-idle.json`, `health.txt`, `health_generate.txt`,
-  `metrics-before.txt` and `metrics-after.txt` (around one measured level), `generate-sse.txt`
-  (every line of one streamed /generate answer, the final chunk with its spec fields among
-  them), `get_load-drain.jsonl` (the scheduler's own count, polled through the level's end),
-  `nvidia-smi-apps.csv` (the processes on the GPUs, by the driver);
+- `raw/`: the backend's `raw_paths` as answered before any load (SGLang: `server_info.json`,
+  `get_load-idle.json`, `health.txt`, `health_generate.txt`, ...; vLLM: `v1_models.json`,
+  `health.txt`, `version.json`), `metrics-before.txt` and `metrics-after.txt` (around one
+  measured level), `<api>-sse.txt` and `<api>-whole.json` (one answer of the experiment's API,
+  streamed line by line and not: SGLang's /generate with its spec fields in the final chunk,
+  vLLM's /v1/completions with its usage), `<load path>-drain.jsonl` (the server's own count
+  at its `load_path`, polled through the level's end: SGLang's `get_load-drain.jsonl`, vLLM's
+  `metrics-drain.jsonl` with only its busy gauges), `nvidia-smi-apps.csv` (the processes
+  on the GPUs, by the driver);
 - `refused-N.log` per `--refuse` boot (e.g. the memory fraction driven up until the server
   refuses), and `adaptive.log` with `raw/metrics-adaptive-C*.txt` for the `--adaptive` boot;
 - `readings.json`: what the backend read (facts, memory lines, the level's summary with the
@@ -103,12 +108,14 @@ def nvidia_smi_apps() -> str:
 
 
 class Poller(threading.Thread):
-    """GET `url` every `every_s` until stopped; each answer as one JSON line with its time."""
+    """GET `url` every `every_s` until stopped; each answer as one JSON line with its time
+    (only the lines `keep` passes, where given: the busy gauges of a /metrics page)."""
 
     def __init__(self, url: str, out: Path, every_s: float = 0.05,
-                 ours: Any = None) -> None:
+                 ours: Any = None, keep: Any = None) -> None:
         super().__init__(daemon=True)
         self.url, self.out, self.every_s, self.ours = url, out, every_s, ours
+        self.keep = keep
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -116,6 +123,8 @@ class Poller(threading.Thread):
             while not self.halt.is_set():
                 t = time.time()
                 status, text = fetch(self.url, 5.0)
+                if self.keep is not None:
+                    text = "\n".join(ln for ln in text.splitlines() if self.keep(ln))
                 row: dict[str, Any] = {"t": round(t, 3), "status": status, "body": text}
                 if self.ours is not None:
                     row["ours"] = self.ours()
@@ -123,9 +132,9 @@ class Poller(threading.Thread):
                 self.halt.wait(self.every_s)
 
 
-def stream_once(base_url: str, body: dict[str, Any], out: Path, timeout_s: float) -> None:
-    """One streamed /generate answer, every line as the server sent it."""
-    req = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(),
+def stream_once(url: str, body: dict[str, Any], out: Path, timeout_s: float) -> None:
+    """One streamed answer, every line as the server sent it."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with _OPENER.open(req, timeout=timeout_s) as r, open(out, "wb") as f:
         for line in r:
@@ -147,7 +156,7 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
         base = srv.base_url
         found["boot_s"] = srv.boot_s
         found["argv"] = backend.argv(exp.backend, params, srv.port)
-        for name, path in RAW_GETS:
+        for name, path in backend.raw_paths:
             status, text = fetch(base + path, 60.0)
             (raw / name).write_text(text)
             found.setdefault("status", {})[path] = status
@@ -162,8 +171,9 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
         # through the level and its drain.
         (raw / "metrics-before.txt").write_text(fetch(base + "/metrics")[1])
         found["metrics_snapshot_before"] = backend.metrics_snapshot(base)
-        poller = Poller(base + "/get_load", raw / "get_load-drain.jsonl",
-                        ours=lambda: backend.in_flight(base))
+        drain = backend.load_path.strip("/").split("?")[0].replace("/", "_")
+        poller = Poller(base + backend.load_path, raw / f"{drain}-drain.jsonl",
+                        ours=lambda: backend.in_flight(base), keep=load_lines(backend))
         sampler = telemetry.TelemetrySampler(
             os.environ.get("CUDA_VISIBLE_DEVICES"),
             own_pids=lambda: telemetry.server_pids(srv.pid))
@@ -181,6 +191,10 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
             poller.join(10)
         (raw / "metrics-after.txt").write_text(fetch(base + "/metrics")[1])
         found["metrics_snapshot_after"] = backend.metrics_snapshot(base)
+        # Where the acceptance comes from the server's counters (vLLM, llama.cpp), what the
+        # backend makes of the two snapshots (warm-up requests and the drain included).
+        found["window_acceptance"] = backend.window_acceptance(
+            found["metrics_snapshot_before"], found["metrics_snapshot_after"])
         summary, records, tele = levels[0]
         found["level"] = dataclasses.asdict(summary)
         found["requests"] = [dataclasses.asdict(r) for r in records[:200]]
@@ -193,32 +207,38 @@ def healthy(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path
     return found
 
 
-# What is kept of each server as it answered, before any load.
-RAW_GETS = (("server_info.json", "/server_info"), ("health.txt", "/health"),
-            ("health_generate.txt", "/health_generate"), ("get_load-idle.json", "/get_load"),
-            ("v1_loads-idle.json", "/v1/loads?include=core"), ("model_info.json", "/model_info"))
+def load_lines(backend: Any) -> Any:
+    """Which lines of the load path's answer the drain poll keeps: a /metrics page only its
+    busy gauges (the rest is kept before and after the level); anything else whole."""
+    gauges = tuple(getattr(backend, "busy_gauges", ()))
+    if backend.load_path != "/metrics" or not gauges:
+        return None
+    named = tuple(g + c for g in gauges for c in "{ ")     # the gauge itself, labels or not
+    return lambda line: line.startswith(named)
 
 
 def answers(exp: Any, backend: Any, base: str, raw: Path, tag: str) -> None:
-    """One /generate answer kept whole, streamed and not: the final chunk's spec fields as the
-    server words them."""
+    """One answer of the experiment's API kept whole, streamed and not, as the server words it
+    (SGLang's /generate: the final chunk's spec fields; an OpenAI API: its usage)."""
     prompt = "The quick brown fox jumps over the lazy dog. " * 4
-    native = backend.stream_format.native("generate")
-    if native is None:
-        return
-    body = native.body(_Prompt(prompt, 64, exp.workload.temperature, exp.workload.ignore_eos))
-    stream_once(base, body, raw / f"generate-sse{tag}.txt", 120.0)
-    whole = {**body, "stream": False}
-    (raw / f"generate-whole{tag}.json").write_text(fetch(
-        base + "/generate", 120.0, json.dumps(whole).encode(),
+    api = Api(exp.backend.api, stream=backend.stream_format)
+    body = api.body(_Prompt(prompt, 64, exp.workload.temperature, exp.workload.ignore_eos))
+    kind = exp.backend.api
+    stream_once(base + api.path, body, raw / f"{kind}-sse{tag}.txt", 120.0)
+    whole = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+    (raw / f"{kind}-whole{tag}.json").write_text(fetch(
+        base + api.path, 120.0, json.dumps(whole).encode(),
         {"Content-Type": "application/json"})[1])
 
 
 def other_point(exp: Any, backend: Any, params: dict[str, Any], out: Path, raw: Path,
                 tag: str) -> dict[str, Any]:
-    """Another healthy boot, kept for its words only: its log, /server_info, the answers."""
+    """Another healthy boot, kept for its words only: its log, the first of the backend's
+    raw paths (SGLang's /server_info, vLLM's /v1/models), the answers."""
     with boot(exp, backend, params, out / f"point{tag}.log") as srv:
-        (raw / f"server_info{tag}.json").write_text(fetch(srv.base_url + "/server_info")[1])
+        name, path = backend.raw_paths[0]
+        stem, dot, ext = name.rpartition(".")
+        (raw / f"{stem}{tag}{dot}{ext}").write_text(fetch(srv.base_url + path)[1])
         answers(exp, backend, srv.base_url, raw, tag)
         return {"params": params, "boot_s": srv.boot_s,
                 "facts": dataclasses.asdict(backend.read_facts(srv.base_url)),
@@ -236,6 +256,7 @@ class _Prompt:
     output_len: int
     temperature: float
     ignore_eos: bool
+    messages: tuple[dict[str, str], ...] = ()
 
 
 def refused(exp: Any, backend: Any, params: dict[str, Any], log: Path) -> dict[str, Any]:
@@ -270,7 +291,7 @@ def adaptive(exp: Any, backend: Any, params: dict[str, Any], schedule: dict[str,
             found[f"C{c}"] = {"tokens_per_s": res[0][0].output_tok_s,
                               "accept_length": res[0][0].accept_length,
                               "spec_gauges": [ln for ln in text.splitlines()
-                                              if ln.startswith("sglang:spec_")]}
+                                              if ":spec_" in ln and not ln.startswith("#")]}
     return found
 
 
@@ -287,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adaptive-set", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--point", action="append", default=[], metavar="NAME=VALUE[,...]",
                     help="another healthy boot (the --set point with these changed), kept for "
-                         "its log, /server_info and one answer")
+                         "its log, the first of the backend's raw paths and one answer")
     ap.add_argument("--argcheck", action="append", default=[], metavar="NAME=VALUE[,...]",
                     help="a point for the engine's own argument check (no boot)")
     ap.add_argument("--concurrency", type=int, default=8)

@@ -166,6 +166,13 @@ def stage(work: Work, extra_dirs: list[str]) -> dict | None:
         if manifest is None:
             manifest = {k: v for k, v in m.items() if k != "this_part"}
             work.write("manifest.json", manifest)
+        # Where this pack's parts are carried from (build/gpu-payload, or a --payload folder
+        # such as build/gpu-payload-vllm): what the NEXT line names.
+        where = part.parent.relative_to(REPO) if part.parent.is_relative_to(REPO) else \
+            part.parent
+        if manifest.get("carried_from") != str(where):
+            manifest["carried_from"] = str(where)
+            work.write("manifest.json", manifest)
         n = 0
         for f in part.iterdir():
             if f.name != "manifest.json" and not (work.stage / f.name).exists() and \
@@ -283,10 +290,11 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
         make_model += ["--heads", g["heads"]] if g["heads"] else []
         make_model += ["--kv-heads", g["kv_heads"]] if g["kv_heads"] else []
     # SGLang / vLLM experiments: the engine comes in the payload (pack_payload.py --engine)
-    # and is installed into a site of its own; its servers run through that site's wrapper,
-    # never with the project's site on their path.
+    # and is installed into a site of its own; its servers run through that site's wrapper
+    # (backend.python, which both backends run their server module with), never with the
+    # project's site on their path.
     engine = kind if kind in ENGINE_KINDS else None
-    if engine == "sglang":        # (vLLM: issue 33's route)
+    if engine:
         derived = set_key(derived, "backend", "python", str(engine_python(work, engine)))
     draft = expand(backend["draft_model_path"], work.cache) if backend.get(
         "draft_model_path") else None
@@ -909,7 +917,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry", action="store_true",
                     help="run a failed pipeline again from its failed step (a search resumes)")
     ap.add_argument("--payload", action="append", default=[],
-                    help="another folder holding part*/manifest.json (besides build/gpu-payload)")
+                    help="another folder holding part*/manifest.json (besides "
+                         "build/gpu-payload), e.g. build/gpu-payload-vllm")
     ap.add_argument("--record", action="store_true",
                     help="record the experiment's landscape (benchmarks/record_landscape.py, "
                          "its arguments after --) instead of searching; the table comes back "
@@ -980,9 +989,10 @@ def call(args: argparse.Namespace, work: Work) -> int:
     elif plan.get("make_models"):
         say(f"models: {models_state(work)}; {last_line(work.results / 'models.log')}")
     missing = missing_parts(work, manifest)
+    src = manifest.get("carried_from", PAYLOAD_DIRS[0])
     if missing:
         say(f"NEXT: call again with the same command, carrying "
-            f"{', '.join(f'build/gpu-payload/part{i}' for i in missing)} (one part a call; "
+            f"{', '.join(f'{src}/part{i}' for i in missing)} (one part a call; "
             f"within 30 s, while this machine is warm)")
         return CALL_AGAIN
     if not work.read("installed.json") and not install(work, manifest):

@@ -3,6 +3,7 @@
 
     python3 scripts/device/pack_payload.py                         # llama.cpp experiments
     python3 scripts/device/pack_payload.py --engine sglang==0.5.17  # SGLang experiments
+    python3 scripts/device/pack_payload.py --engine vllm==0.26.0 --out build/gpu-payload-vllm
 
 -> build/gpu-payload/part1, part2, ... What goes in (Python 3.12 manylinux wheels, so the
 machine's own python3 can use them):
@@ -19,9 +20,11 @@ machine's own python3 can use them):
   minus what the image has in an accepted version (torch, triton, nvidia-*...), plus what it has
   in a refused one (SGLang 0.5.17 pins transformers==5.12.1: the image's 5.17 is carried over),
   minus LEAVE_OUT (requirements not needed to serve, each with its reason) and everything only
-  they pull in; wheels named in TRIM lose the files the route never loads (RECORD kept
-  consistent). The manifest's "engine" section names the engine's wheels, which gpu_search.py
-  installs into work/engines/<name>/site behind a wrapper work/engines/<name>/python.
+  they pull in; wheels named in TRIM lose the files the route never loads, and those named in
+  PATCH get the edits that let the engine run without them (RECORD kept consistent: pip
+  installs the result as any wheel). The manifest's "engine" section names the engine's
+  wheels, which gpu_search.py installs into work/engines/<name>/site behind a wrapper
+  work/engines/<name>/python.
 
 A device call carries at most 64 MiB, and the ray wheel alone is ~79 MB, so the files are cut
 into numbered parts of at most --part-mib MiB each (big files split across parts). Part 1 starts
@@ -126,6 +129,59 @@ LEAVE_OUT: dict[str, dict[str, str]] = {
         "py-spy": "a stack-dump program run as a subprocess when the watchdog fires, never "
                   "imported (and not on PATH from a --target site anyway)",
     },
+    # vLLM 0.26.0 on the route: --attention-backend TRITON_ATTN, VLLM_USE_FLASHINFER_SAMPLER=0,
+    # /v1/completions without structured output; a dense Llama target (the V2 GPU model runner,
+    # vllm/config/vllm.py:605-622) and its EAGLE-3 head. Paths are inside the 0.26.0 wheel; none
+    # of these is imported at module level by what the server loads (vllm.entrypoints.openai.
+    # api_server, vllm.v1.engine.core, vllm.v1.worker.gpu_worker and gpu.model_runner, the
+    # Llama and Llama-EAGLE-3 models, the Triton attention backend; docs/engines-vllm.md).
+    "vllm": {
+        "numba": "the n-gram drafter only (v1/spec_decode/ngram_proposer.py:7, imported by the "
+                 "V1 runner for method ngram) and the Inkling processor; vLLM pins 0.65.0, "
+                 "which caps numpy < 2.5 and would carry numpy 2.3.5 to shadow the image's "
+                 "2.5.2 (the image has a numba of its own)",
+        "mistral-common": "Mistral-format tokenizers and tool parsers only "
+                          "(tokenizers/mistral.py:8, tool_parsers/mistral_tool_parser.py:15), "
+                          "reached through LazyLoader (utils/mistral.py:17-18) and a class "
+                          "attribute checked first; 1.13.1 caps numpy < 2.4",
+        "anthropic": "never imported by vLLM 0.26.0 (no `import anthropic` in the wheel: its "
+                     "/v1/messages endpoint has its own models in entrypoints/anthropic/); "
+                     "brings httpx2, docstring-parser, opentelemetry-api",
+        "mcp": "the Responses API's MCP tool servers only: imported under TYPE_CHECKING or "
+               "inside functions (entrypoints/mcp/tool_server.py:15-20, entrypoints/openai/"
+               "responses/context.py:49); brings pyjwt[crypto], cryptography, sse-starlette",
+        "opentelemetry-sdk": "request tracing (--otlp-traces-endpoint) only: tracing/otel.py:"
+                             "18-30 imports it inside try/except ImportError",
+        "opentelemetry-api": "as opentelemetry-sdk (tracing/otel.py:18-30, try/except "
+                             "ImportError)",
+        "opentelemetry-exporter-otlp": "as opentelemetry-sdk (tracing/otel.py:21-26); brings "
+                                       "grpc and http exporters, googleapis-common-protos",
+        "opentelemetry-semantic-conventions-ai": "as opentelemetry-sdk (tracing only)",
+        "torchcodec": "video decoding of multimodal inputs: multimodal/video.py:33-38 imports "
+                      "it inside try with a PlaceholderModule fallback",
+        "pynvvideocodec": "GPU video decoding (video_backend pynvvideocodec) only, imported "
+                          "inside a function (multimodal/video.py:799)",
+        "tilelang": "the mHC kernels only (model_executor/kernels/mhc/tilelang_kernels.py:21, "
+                    "a module the route never imports); brings z3-solver, 76 MiB with it",
+        "tokenspeed-mla": "MLA prefill for DeepSeek-style models only, imported inside "
+                          "functions (v1/attention/backends/mla/prefill/tokenspeed_mla.py:49); "
+                          "brings tokenspeed-triton, 90 MiB",
+        "humming-kernels": "the humming quantization's kernels only, behind the lazy facade "
+                           "utils/humming.py (imports on first use); brings nvidia-cuda-nvcc, "
+                           "-nvvm, -crt and -cccl, 125 MiB",
+        "nvidia-cutlass-dsl": "CuTe-DSL kernels (cute_utils/, FA4, DeepSeek-V4 and DSA ops, "
+                              "GDN), in modules the route never imports; flashinfer 0.6.14 "
+                              "imports its CuTe-DSL parts under contextlib.suppress(ImportError) "
+                              "or try (flashinfer/__init__.py:98,150); brings cuda-python, "
+                              "nvidia-cuda-nvdisasm and protobuf < 7 (the image has 7.36.2), "
+                              "172 MiB with its libs",
+        "quack-kernels": "CuTe-DSL kernels for the GDN chunk and DSA indexer ops only "
+                         "(model_executor/layers/mamba/ops/gdn_chunk_cutedsl/, "
+                         "model_executor/kernels/attention/dsa/); needs nvidia-cutlass-dsl",
+        "xgrammar": "structured output only: the xgrammar backend loads it through LazyLoader "
+                    "(v1/structured_output/backend_xgrammar.py:30) when the first request "
+                    "with a grammar arrives; the route's requests carry none; 43 MiB",
+    },
 }
 
 # Files of an engine's wheels the route never loads, removed from the wheel (with their RECORD
@@ -139,6 +195,59 @@ TRIM: dict[str, tuple[tuple[str, str], ...]] = {
          "the ops built for compute capability 10.x and for no GPU; sgl_kernel loads sm90/ on "
          "a Hopper GPU (capability 9.0), whose common_ops holds the EAGLE tree ops: the "
          "trimmed wheel serves Hopper only"),
+    ),
+    # vLLM 0.26.0 (290 MiB -> ~64 MiB): what --attention-backend TRITON_ATTN on a bf16 dense
+    # model never loads. _C_stable_libtorch.abi3.so (55 MiB compressed) stays: platforms/
+    # cuda.py:23 imports it unconditionally (the wheel is cut across parts like any big file).
+    "vllm": (
+        ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+         "FlashAttention-2 (124 MiB compressed): loaded by vllm_flash_attn/"
+         "flash_attn_interface.py:13-20 inside try/except ImportError, used by the FLASH_ATTN "
+         "backend only; see PATCH for the package's own check"),
+        ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+         "FlashAttention-3 (37 MiB): as FA2 (flash_attn_interface.py:22-29)"),
+        ("vllm/_moe_C_stable_libtorch.abi3.so",
+         "the fused-MoE ops (39 MiB): imported under contextlib.suppress(ImportError) "
+         "(platforms/cuda.py:227-228); the route's models are dense"),
+        ("vllm/vllm-rs",
+         "the Rust frontend binary (15 MiB), run only with VLLM_USE_RUST_FRONTEND=1 "
+         "(envs.py:550-580)"),
+        ("vllm/third_party/deep_gemm/",
+         "the vendored DeepGEMM (FP8 GEMMs), imported inside try by utils/deep_gemm.py:180-190, "
+         "which returns None without it; the route's models are bf16"),
+        ("vllm/third_party/fmha_sm100/",
+         "CUTLASS FMHA sources for Blackwell (SM100) only"),
+    ),
+}
+
+# Edits to an engine's wheel files that let it run without what TRIM removed: (path in the
+# wheel, the text as shipped, its replacement, the reason). Each text must occur exactly once
+# (else the wheel changed: update the table); RECORD gets the new hash and size.
+PATCH: dict[str, tuple[tuple[str, str, str, str], ...]] = {
+    "vllm": (
+        ("vllm/vllm_flash_attn/__init__.py",
+         '''if not (FA2_AVAILABLE or FA3_AVAILABLE):
+    raise ImportError(
+        "vllm.vllm_flash_attn requires the CUDA flash attention extensions "
+        "(_vllm_fa2_C or _vllm_fa3_C). On ROCm, use upstream flash_attn."
+    )
+''',
+         '''if not (FA2_AVAILABLE or FA3_AVAILABLE):
+    # specdecode_tune's pack (scripts/device/pack_payload.py PATCH): FA2 and FA3 were left
+    # out of this wheel; warn instead of raising, so the modules that import this package
+    # on CUDA (v1/attention/backends/fa_utils.py) load and the other backends serve.
+    from vllm.logger import init_logger as _init_logger
+
+    _init_logger(__name__).warning(
+        "vllm.vllm_flash_attn: neither _vllm_fa2_C nor _vllm_fa3_C is installed "
+        "(left out of this wheel); the FlashAttention backends are unavailable"
+    )
+''',
+         "the package raises ImportError when neither FA library is there, and on CUDA "
+         "v1/attention/backends/fa_utils.py:21-27 imports it at module level, which "
+         "model_executor/layers/attention/mm_encoder_attention.py:32 (imported by every "
+         "model through layers/attention) reaches: a warning lets the server start with "
+         "TRITON_ATTN"),
     ),
 }
 
@@ -180,11 +289,13 @@ Resolved = tuple[list[tuple[str, str]], list[tuple[str, str, str]], list[dict], 
 
 
 def resolve(reqs: list[str], by: str = "the project",
-            leave_out: dict[str, str] | None = None) -> Resolved:
+            leave_out: dict[str, str] | None = None,
+            image: dict[str, str | None] | None = None) -> Resolved:
     """(name, version) of every distribution the requirements need, for Python 3.12 x86-64;
     every requirement on a distribution as (name, specifier, needed by), extras followed; every
     requirement on a distribution named in leave_out (not followed: what only such ones pull in
-    is not needed either); and the distributions pip resolved that only those pulled in."""
+    is not needed either); and the distributions pip resolved that only those pulled in. With
+    `image`, what the image keeps is not followed either (walk)."""
     leave_out = {norm(n): why for n, why in (leave_out or {}).items()}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -193,12 +304,40 @@ def resolve(reqs: list[str], by: str = "the project",
                         "--report", str(report), *reqs], check=True)
         data = json.loads(report.read_text())
     meta = {norm(i["metadata"]["name"]): i["metadata"] for i in data["install"]}
-    return walk(meta, reqs, by, leave_out)
+    return walk(meta, reqs, by, leave_out, image)
 
 
-def walk(meta: dict[str, dict], reqs: list[str], by: str, leave_out: dict[str, str]
-         ) -> Resolved:
-    """resolve()'s walk over pip's report (meta: normalised name -> the report's metadata)."""
+def walk(meta: dict[str, dict], reqs: list[str], by: str, leave_out: dict[str, str],
+         image: dict[str, str | None] | None = None) -> Resolved:
+    """resolve()'s walk over pip's report (meta: normalised name -> the report's metadata).
+
+    With `image` (an engine's walk): the requirements of a distribution the image keeps are
+    not followed (carry_reasons says which it keeps; repeated until that settles): pip's report
+    holds the metadata of the version pip would install, not of the image's, so they are not
+    the image's requirements (vLLM's transformers>=5.5.3 resolves to the newest transformers,
+    whose kernels and huggingface-hub>=2.4 the image's transformers 5.17 never asks for). What
+    only those asked for is listed as unneeded, marked so."""
+    kept: set[str] = set()
+    first = None
+    while True:
+        pins, demands, left, unneeded = _walk(meta, reqs, by, leave_out, kept)
+        first = unneeded if first is None else first
+        if image is None:
+            return pins, demands, left, unneeded
+        why = carry_reasons(pins, image, demands, root=by)
+        now = {norm(n) for n, _ in pins if not why[n]}
+        if now <= kept:
+            # What only the image's distributions need is the image's own (listed nowhere);
+            # what is not on the image is listed, marked.
+            return pins, demands, left, [
+                u if u in first else f"{u} (asked for only by what the image keeps, in "
+                                     f"another version)"
+                for u in unneeded if u in first or norm(u.split("==")[0]) not in image]
+        kept |= now
+
+
+def _walk(meta: dict[str, dict], reqs: list[str], by: str, leave_out: dict[str, str],
+          kept: set[str]) -> Resolved:
     from packaging.requirements import Requirement
 
     demands, left, seen = [], [], set()
@@ -211,6 +350,8 @@ def walk(meta: dict[str, dict], reqs: list[str], by: str, leave_out: dict[str, s
                          "reason": leave_out[name]})
             continue
         demands.append((name, str(req.specifier), who))
+        if name in kept:
+            continue
         for extra in ["", *sorted(req.extras)]:
             if (name, extra) in seen or name not in meta:
                 continue
@@ -238,6 +379,27 @@ def needs_carrying(name: str, image: dict[str, str | None],
                 not SpecifierSet(spec).contains(have, prereleases=True):
             return f"the image has {have}, {by} needs {spec}"
     return None
+
+
+def carry_reasons(pins: list[tuple[str, str]], image: dict[str, str | None],
+                  demands: list[tuple[str, str, str]], root: str) -> dict[str, str | None]:
+    """needs_carrying for every pinned distribution of an engine, counting only the demands of
+    what travels (and of `root`, the engine's own requirement): a distribution the image keeps
+    keeps its own requirements too, which pip's report cannot show (it read the metadata of
+    the version it would install, not the image's: vLLM's transformers>=5.5.3 resolves to the
+    newest transformers, whose huggingface-hub>=2.4 the image's transformers 5.17 does not
+    ask for, and carrying hub 2.4 would break it). Repeated until nothing more travels."""
+    def by_dist(by: str) -> str:
+        return norm(re.sub(r"\[.*", "", by))
+
+    travels: set[str] = set()
+    while True:
+        counted = [d for d in demands if d[2] == root or by_dist(d[2]) in travels]
+        why = {n: needs_carrying(norm(n), image, counted) for n, _ in pins}
+        now = {norm(n) for n, r in why.items() if r}
+        if now == travels:
+            return why
+        travels = now
 
 
 def download(pins: list[tuple[str, str]], cache: Path) -> list[Path]:
@@ -279,10 +441,21 @@ def llama_source(cache: Path, version: str) -> Path:
     return out
 
 
-def trim_wheel(src: Path, remove: tuple[str, ...], out_dir: Path) -> tuple[Path, list[str]]:
-    """A copy of the wheel without the files named in remove ("path" or "folder/"), and without
-    their lines in its RECORD, so that pip installs it as it installs any wheel. Returns the new
-    wheel (out_dir/<same name>, reused when already made) and the files removed."""
+def record_hash(data: bytes) -> str:
+    """A file's hash as a wheel's RECORD writes it (PEP 376/427)."""
+    import base64
+
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def trim_wheel(src: Path, remove: tuple[str, ...], out_dir: Path,
+               patches: tuple[tuple[str, str, str], ...] = ()) -> tuple[Path, list[str]]:
+    """A copy of the wheel without the files named in remove ("path" or "folder/"), without
+    their lines in its RECORD, and with each (path, old, new) of patches applied (old must
+    occur exactly once; the file's RECORD line gets its new hash and size), so that pip
+    installs it as it installs any wheel. Returns the new wheel (out_dir/<same name>, reused
+    when already made) and the files removed."""
     import csv
     import io
 
@@ -295,25 +468,38 @@ def trim_wheel(src: Path, remove: tuple[str, ...], out_dir: Path) -> tuple[Path,
         dropped = [n for n in names if gone(n)]
         unmatched = [r for r in remove if not any(n == r or (r.endswith("/") and
                                                               n.startswith(r)) for n in names)]
+        unmatched += [path for path, old, _ in patches
+                      if path not in names or zin.read(path).decode().count(old) != 1]
         if unmatched:
-            raise SystemExit(f"pack_payload: {src.name} has no {', '.join(unmatched)}: the "
-                             f"wheel changed; update TRIM")
+            raise SystemExit(f"pack_payload: {src.name} has no {', '.join(unmatched)} (or "
+                             f"not the text to patch once): the wheel changed; update TRIM "
+                             f"or PATCH")
         if out.is_file() and out.stat().st_mtime >= src.stat().st_mtime:
             return out, dropped
+        edits = {path: (old, new) for path, old, new in patches}
         record = next(n for n in names if n.endswith(".dist-info/RECORD"))
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
+        patched: dict[str, bytes] = {}
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zout:
             for info in zin.infolist():
-                if gone(info.filename):
+                if gone(info.filename) or info.filename == record:
                     continue
                 data = zin.read(info)
-                if info.filename == record:
-                    lines = data.decode().splitlines(keepends=True)
-                    keep = [ln for ln in lines
-                            if not ln.strip() or not gone(next(csv.reader(io.StringIO(ln)))[0])]
-                    data = "".join(keep).encode()
+                if info.filename in edits:
+                    old, new = edits[info.filename]
+                    data = data.decode().replace(old, new).encode()
+                    patched[info.filename] = data
                 zout.writestr(info, data)
+            rows = io.StringIO()
+            writer = csv.writer(rows, lineterminator="\n")
+            for row in csv.reader(io.StringIO(zin.read(record).decode())):
+                if not row or gone(row[0]):
+                    continue
+                if row[0] in patched:
+                    row = [row[0], record_hash(patched[row[0]]), str(len(patched[row[0]]))]
+                writer.writerow(row)
+            zout.writestr(zin.getinfo(record), rows.getvalue().encode())
     os.replace(tmp, out)
     return out, dropped
 
@@ -332,8 +518,8 @@ def engine_payload(requirement: str, cache: Path, image: dict[str, str | None]
     name = norm(Requirement(requirement).name)
     say(f"engine: resolving {requirement} for Python 3.12 x86-64")
     pins, demands, left, dropped = resolve([requirement], by="the engine",
-                                           leave_out=LEAVE_OUT.get(name, {}))
-    why = {n: needs_carrying(norm(n), image, demands) for n, _ in pins}
+                                           leave_out=LEAVE_OUT.get(name, {}), image=image)
+    why = carry_reasons(pins, image, demands, root="the engine")
     carried = [(n, v) for n, v in pins if why[n]]
     if not any(norm(n) == name for n, _ in carried):
         raise SystemExit(f"pack_payload: {requirement}: the image has it already; nothing to "
@@ -348,13 +534,16 @@ def engine_payload(requirement: str, cache: Path, image: dict[str, str | None]
     wheels = download(carried, cache)
     trimmed = {}
     for i, w in enumerate(wheels):
-        rules = TRIM.get(wheel_dist(w)[0])
-        if rules:
-            keep_apart = hashlib.sha256(repr(rules).encode()).hexdigest()[:8]
+        rules = TRIM.get(wheel_dist(w)[0], ())
+        edits = PATCH.get(wheel_dist(w)[0], ())
+        if rules or edits:
+            keep_apart = hashlib.sha256(repr((rules, edits)).encode()).hexdigest()[:8]
             new, removed = trim_wheel(w, tuple(r for r, _ in rules),
-                                      cache / "trimmed" / keep_apart)
+                                      cache / "trimmed" / keep_apart,
+                                      tuple((path, old, new) for path, old, new, _ in edits))
             trimmed[new.name] = {"removed": [r for r, _ in rules], "files": len(removed),
                                  "why": {r: reason for r, reason in rules},
+                                 "patched": {path: reason for path, _, _, reason in edits},
                                  "mib_before": round(w.stat().st_size / 2**20, 1),
                                  "mib_after": round(new.stat().st_size / 2**20, 1)}
             wheels[i] = new
@@ -506,7 +695,8 @@ def report(dirs: list[Path], files: list[Path], engine: dict | None) -> None:
         print(f"  carried: {c}")
     for t, info in engine["trimmed"].items():
         print(f"  trimmed: {t}: {info['mib_before']} -> {info['mib_after']} MiB, without "
-              f"{', '.join(info['removed'])} ({info['files']} files)")
+              f"{', '.join(info['removed']) or 'nothing'} ({info['files']} files)"
+              + "".join(f"; patched {p}" for p in info.get("patched", {})))
     left: dict[str, list[dict]] = {}
     for e in engine["left_out"]:
         left.setdefault(e["name"], []).append(e)
@@ -514,7 +704,8 @@ def report(dirs: list[Path], files: list[Path], engine: dict | None) -> None:
         needs = "; ".join(f"{e['by']} needs {e['requirement']}" for e in es)
         print(f"  left out: {name} ({needs}): {es[0]['reason']}")
     if engine["dropped_with_left_out"]:
-        print(f"  not needed without those: {', '.join(engine['dropped_with_left_out'])}")
+        print(f"  not needed without those (or not by the image's versions): "
+              f"{', '.join(engine['dropped_with_left_out'])}")
     for u in engine["image_versions_unknown"]:
         print(f"  taken from the image, version not in image-packages.txt: {u}")
 

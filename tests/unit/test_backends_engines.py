@@ -150,6 +150,22 @@ def test_vllm_module_form_with_speculative_config_json() -> None:
                    for x in a)
 
 
+def test_vllm_backend_python_runs_the_module(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    """backend.python (the GPU route's engines/vllm/python wrapper): the module form through
+    that Python, `${SPECDECODE_CACHE}` expanded; the program preflight checks is that Python."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    cfg = vllm_cfg(binary=None, python="${SPECDECODE_CACHE}/engines/vllm/python")
+    a = argv("vllm", cfg, {"speculative_num_steps": 2})
+    assert a[:5] == [f"{tmp_path}/engines/vllm/python", "-m",
+                     "vllm.entrypoints.openai.api_server", "--model", "/models/hf"]
+    assert get_backend("vllm").program(cfg) == f"{tmp_path}/engines/vllm/python"
+    # From an experiment's table too: vLLM takes backend.python as SGLang does.
+    table = Table({"kind": "vllm", "model_path": "m", "python": "/x/engines/vllm/python"},
+                  "backend", "x")
+    assert BackendConfig.from_table(table).python == "/x/engines/vllm/python"
+
+
 def test_vllm_serve_form_and_baseline() -> None:
     a = argv("vllm", vllm_cfg(binary="/usr/bin/vllm"), {"speculative_num_steps": 0})
     assert a[:3] == ["/usr/bin/vllm", "serve", "/models/hf"]
@@ -399,7 +415,8 @@ def test_the_argcheck_leaves_its_folder_off_sys_path_before_it_imports_anything(
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ('python = "/x/python"\nkind = "vllm"', "only allowed with backend.kind = 'sglang'"),
+    ('python = "/x/python"\nkind = "llamacpp"',
+     "only allowed with backend.kind = 'sglang' or 'vllm'"),
     ('python = "/x/python"\nbinary = "/x/server"', "exclude each other")])
 def test_backend_python_is_checked(text: str, words: str) -> None:
     import tomllib

@@ -102,6 +102,73 @@ def test_image_version_accepted_or_refused():
     assert pp.needs_carrying("fastapi", image, demands) == "not on the image"
 
 
+def test_what_the_image_keeps_keeps_its_own_requirements():
+    """vLLM's case: its transformers>=5.5.3 resolves to the newest (5.25), whose metadata asks
+    for huggingface-hub>=2.4 and kernels; the image keeps its transformers 5.17 (accepted),
+    so neither demand counts: hub stays the image's 1.33 and kernels is not needed. A demand
+    of what travels (the engine's, or a carried wheel's) still counts."""
+    report = {pp.norm(m["name"]): m for m in [
+        meta("eng", "1.0", "transformers>=5.5.3", "carried-lib", "tokenizers>=0.21"),
+        meta("transformers", "5.25.0", "huggingface-hub>=2.4,<3", "kernels>=0.19",
+             "tokenizers>=0.22"),
+        meta("kernels", "0.19.1", "tomlkit"), meta("tomlkit", "0.15"),
+        meta("huggingface-hub", "2.4.0"), meta("tokenizers", "0.23.3"),
+        meta("carried-lib", "1.0", "pydantic>=2.12"), meta("pydantic", "2.14.4")]}
+    image = {"transformers": "5.17.0", "huggingface-hub": "1.33.0", "tokenizers": "0.23.2",
+             "pydantic": "2.11.0"}
+    pins, demands, _, unneeded = pp.walk(report, ["eng==1.0"], "the engine", {}, image)
+    why = pp.carry_reasons(pins, image, demands, root="the engine")
+    assert {n for n, r in why.items() if r} == {"eng", "carried-lib", "pydantic"}
+    assert why["pydantic"] == "the image has 2.11.0, carried-lib needs >=2.12"
+    assert "huggingface-hub" not in why              # not even needed: the image keeps its own
+    assert sorted(n for n, _ in pins) == ["carried-lib", "eng", "pydantic", "tokenizers",
+                                          "transformers"]
+    assert all(u.endswith("(asked for only by what the image keeps, in another version)")
+               for u in unneeded)
+    # (the image's own huggingface-hub stays the image's business: listed nowhere)
+    assert {u.split("==")[0] for u in unneeded} == {"kernels", "tomlkit"}
+    # Without the image (the project's walk), everything pip resolved is followed as before.
+    pins, demands, _, unneeded = pp.walk(report, ["eng==1.0"], "the engine", {})
+    assert unneeded == [] and ("huggingface-hub", "<3,>=2.4", "transformers") in demands
+
+
+def test_vllm_tables_give_their_reasons():
+    for name, reason in pp.LEAVE_OUT["vllm"].items():
+        assert name == pp.norm(name) and len(reason) > 30, name
+    for path, reason in pp.TRIM["vllm"]:
+        assert path.startswith("vllm/") and len(reason) > 30
+    for _path, old, new, reason in pp.PATCH["vllm"]:
+        assert old != new and "raise ImportError" in old and "raise" not in new
+        assert len(reason) > 30
+    compile(pp.PATCH["vllm"][0][2], "patched", "exec")          # the replacement parses
+
+
+def test_patch_rewrites_the_file_and_its_record_line_and_pip_installs_it(tmp_path):
+    init = b'X = 1\nif not X:\n    raise ImportError("gone")\n'
+    files = {"eng/__init__.py": b"", "eng/fa/__init__.py": init, "eng/fa/_fa2_C.so": b"z" * 999}
+    src = make_wheel(tmp_path / "in", "eng", "1.0", files)
+    patch = ("eng/fa/__init__.py", '    raise ImportError("gone")\n',
+             '    import warnings\n    warnings.warn("gone")\n')
+    out, removed = pp.trim_wheel(src, ("eng/fa/_fa2_C.so",), tmp_path / "trim", (patch,))
+    assert removed == ["eng/fa/_fa2_C.so"]
+    with zipfile.ZipFile(out) as z:
+        text = z.read("eng/fa/__init__.py")
+        assert b"warnings.warn" in text and b"raise" not in text
+        record = next(n for n in z.namelist() if n.endswith("RECORD"))
+        rows = {r[0]: r for r in csv.reader(io.StringIO(z.read(record).decode())) if r}
+        assert set(rows) == set(z.namelist())
+        for path, digest, size in rows.values():
+            if path != record:
+                assert digest == record_hash(z.read(path)) and int(size) == len(z.read(path))
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--no-compile", "--target", str(site), str(out)], check=True)
+    assert b"warnings.warn" in (site / "eng" / "fa" / "__init__.py").read_bytes()
+    # A text that is not there (once) is a changed wheel: refused, not silently skipped.
+    with pytest.raises(SystemExit, match="PATCH"):
+        pp.trim_wheel(src, (), tmp_path / "trim2", (("eng/fa/__init__.py", "nope", "x"),))
+
+
 def test_sglang_leave_out_reasons_are_given():
     for name, reason in pp.LEAVE_OUT["sglang"].items():
         assert name == pp.norm(name) and len(reason) > 30, name
@@ -197,9 +264,10 @@ def test_main_packs_the_engine_in_one_part_sequence(tmp_path, monkeypatch):
         meta("eng-kernel", "0.4.5", "torch==2.11.0"), meta("pydantic", "2.14.4"),
         meta("transformers", "5.12.1"), meta("torch", "2.11.0"), meta("heavy", "9")]}
 
-    def fake_resolve(reqs, by="the project", leave_out=None):
+    def fake_resolve(reqs, by="the project", leave_out=None, image=None):
         data = engine_meta if reqs == ["eng==1.0"] else project_meta
-        return pp.walk(data, reqs, by, {pp.norm(n): w for n, w in (leave_out or {}).items()})
+        return pp.walk(data, reqs, by, {pp.norm(n): w for n, w in (leave_out or {}).items()},
+                       image)
 
     def fake_download(pins, cache):
         return [made[(pp.norm(n), v)] for n, v in pins]

@@ -210,6 +210,54 @@ def test_vllm_eagle3_runs_the_seed_s_benchmark_on_vllm() -> None:
     assert "--speculative-config" not in argv_of(exp, BASELINE)
 
 
+def test_vllm_gpu_is_sglang_gpu_s_physics_on_vllm(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    """The same trained pair, workload and levels as sglang-gpu; vLLM's EAGLE-3 through the
+    flags that ran on the GPU machine (Triton attention, no FlashInfer sampler)."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    exp, sg = load("vllm-gpu"), load("sglang-gpu")
+    assert (exp.backend.kind, exp.backend.tp_size) == ("vllm", 1)
+    assert (exp.backend.model_path, exp.backend.draft_model_path) == (
+        sg.backend.model_path, sg.backend.draft_model_path)
+    assert exp.workload == sg.workload and exp.measure == sg.measure
+    assert exp.objective == sg.objective
+    argv = argv_of(exp, exp.search.enqueue[0])
+    assert json.loads(flag(argv, "--speculative-config")) == {
+        "method": "eagle3", "num_speculative_tokens": 3,
+        "model": f"{tmp_path}/eagle3-models/eagle3"}
+    assert flag(argv, "--model") == f"{tmp_path}/eagle3-models/target"
+    assert flag(argv, "--attention-backend") == "TRITON_ATTN"
+    assert flag(argv, "--gpu-memory-utilization") == "0.02"
+    assert int(flag(argv, "--max-num-seqs")) >= max(exp.measure.concurrency)
+    assert flag(argv, "--max-model-len") == "2048"
+    env = get_backend("vllm").env(exp.backend, run_dir=str(tmp_path / "trial"))
+    assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert env["VLLM_CACHE_ROOT"] == f"{tmp_path}/vllm-cache"     # shared by every trial
+    assert "--speculative-config" not in argv_of(exp, BASELINE)
+
+
+def test_vllm_gpu_memory_range_brackets_the_kv_need_of_its_trained_pair() -> None:
+    """The file's arithmetic, from the preset the route trains: the KV entry per token, the
+    need of C=64 requests of max_total_len tokens, and a range whose low end binds (or is
+    refused) and whose high end is ample on an H100 and an H200, for 0.5..1.5 GiB of non-KV
+    memory (unmeasured: the readings step reads it)."""
+    from specdecode_tune.testing.eagle3.presets import PRESETS
+    p = PRESETS["gpu"]
+    exp = load("vllm-gpu")
+    per_token = (p.layers + 1) * 2 * p.kv_heads * (p.hidden // p.heads) * 2   # + the head
+    assert per_token == 11_264
+    c, k_max = max(exp.measure.concurrency), exp.param("speculative_num_steps").high
+    need = c * (exp.workload.max_total_len + k_max) * per_token
+    assert 0.3 * 2**30 < need < 0.4 * 2**30
+    assert exp.backend.flags["max_model_len"] == p.max_position
+    mem = exp.param("mem_fraction_static")
+    for total_gib in (79.2, 139.8):                    # what torch reports: H100, H200
+        for non_kv_gib in (0.5, 1.0, 1.5):
+            low, high = (u * total_gib - non_kv_gib for u in (mem.low, mem.high))  # GiB
+            assert low * 2**30 < need, (total_gib, non_kv_gib)
+            assert high * 2**30 > 2.5 * need, (total_gib, non_kv_gib)
+
+
 # ---------------------------------------------------------------------------------------------
 # The prompt files
 

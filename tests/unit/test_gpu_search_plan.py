@@ -45,6 +45,47 @@ def test_sglang_plan_runs_servers_through_the_engine_site_and_trains_the_models(
     assert ran["space"] == orig["space"] and ran["measure"] == orig["measure"]
 
 
+def test_vllm_plan_runs_servers_through_its_own_site_on_the_same_models(tmp_path):
+    """vllm-gpu: vLLM's wrapper (engines/vllm/python, apart from SGLang's) as backend.python,
+    and the same EAGLE-3 pair, trained by the route, as sglang-gpu."""
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    plan = gs.make_plan(_args(experiment="experiments/vllm-gpu.toml"), work, 1)
+    ran = tomllib.loads(plan["run_experiment_text"])
+    assert ran["backend"]["python"] == str(work.root / "engines" / "vllm" / "python")
+    assert "binary" not in ran["backend"]
+    assert plan["engine"] == "vllm" and plan["make_models"] is True
+    sglang = gs.make_plan(_args(), gs.Work(tmp_path / "work2"), 1)
+    assert (Path(plan["model"]).relative_to(work.cache),
+            Path(plan["draft"]).relative_to(work.cache)) == (
+        Path(sglang["model"]).relative_to(tmp_path / "work2" / "cache"),
+        Path(sglang["draft"]).relative_to(tmp_path / "work2" / "cache"))
+    # The experiment that runs validates as the search validates it.
+    from specdecode_tune.config import load_experiment
+    path = tmp_path / "vllm-gpu.toml"
+    path.write_text(plan["run_experiment_text"])
+    assert load_experiment(path).backend.python == str(work.root / "engines/vllm/python")
+
+
+def test_the_next_part_is_named_from_the_folder_it_came_from(tmp_path):
+    """A pack carried from build/gpu-payload-vllm: the call says to carry that folder's next
+    part, not build/gpu-payload's."""
+    import json
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    folder = tmp_path / "build" / "gpu-payload-vllm" / "part1"
+    folder.mkdir(parents=True)
+    (folder / "a.whl.000").write_bytes(b"x")
+    manifest = {"pack_id": "p1", "parts": 2, "files": [
+        {"name": "a.whl", "size": 2, "sha256": "0",
+         "chunks": [{"part": 1, "file": "a.whl.000", "offset": 0, "size": 1},
+                    {"part": 2, "file": "a.whl.001", "offset": 1, "size": 1}]}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest | {"this_part": 1}))
+    staged = gs.stage(work, [str(folder.parent)])
+    assert staged["carried_from"] == str(folder.parent)
+    assert gs.missing_parts(work, staged) == [2]
+
+
 def test_other_experiments_get_no_engine_and_no_models(tmp_path):
     gs = _gpu_search()
     work = gs.Work(tmp_path / "work")

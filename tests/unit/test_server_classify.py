@@ -82,6 +82,21 @@ VLLM_KV_MAXLEN = """\
 ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored in KV cache (18336). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
 """
 
+# vLLM 0.26.0's two memory refusals at start-up, as its source words them: too little free
+# memory for the requested share (v1/worker/utils.py:434-443; a busy GPU) and no KV memory left
+# (v1/core/kv_cache_utils.py:757-764; the bottom of vllm-gpu.toml's range), behind the engine
+# core's wrapper (the numbers are made up).
+VLLM_026_BUSY_GPU = """\
+(EngineCore pid=811) ERROR 12-06 10:00:01 [core.py:1101] ValueError: Free memory on device cuda:0 (0.70/79.19 GiB) on startup is less than desired GPU memory utilization (0.02, 1.58 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+VLLM_026_NO_KV = """\
+(EngineCore pid=811) INFO 12-06 10:00:09 [gpu_worker.py:561] Available KV cache memory: -0.62 GiB
+(EngineCore pid=811) ERROR 12-06 10:00:09 [core.py:1101] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
 ARGPARSE_BAD_VALUE = """\
 usage: launch_server.py [-h] --model-path MODEL_PATH [--speculative-eagle-topk SPECULATIVE_EAGLE_TOPK]
 launch_server.py: error: argument --speculative-eagle-topk: invalid int value: 'four'
@@ -142,6 +157,8 @@ CASES = [
     ("vllm-kv-v0", 1, VLLM_KV_V0, "kv_memory", "No available memory for the cache blocks"),
     ("vllm-kv-v1", 1, VLLM_KV_V1, "kv_memory", "16.00 GiB KV cache is needed"),
     ("vllm-kv-maxlen", 1, VLLM_KV_MAXLEN, "kv_memory", "stored in KV cache (18336)"),
+    ("vllm-0.26-busy-gpu", 1, VLLM_026_BUSY_GPU, "oom", "less than desired GPU memory"),
+    ("vllm-0.26-no-kv", 1, VLLM_026_NO_KV, "kv_memory", "No available memory for the cache"),
     ("argparse-value", 2, ARGPARSE_BAD_VALUE, "invalid_args", "invalid int value: 'four'"),
     ("argparse-unknown", 2, ARGPARSE_UNKNOWN, "invalid_args", "--speculative-num-step 4"),
     ("argparse-bare-exit-2", 2, "something went wrong\n", "invalid_args", "exit code 2"),
