@@ -118,7 +118,9 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     sure = f"How sure: best measured {best.n}x{once}; {band_text(data)}"
     ru = runner_up_line(data, rec)
     lines.append(sure + (f"; {ru}." if ru else "."))
-    if sched.chain:
+    if sched.withheld:
+        lines.append(sched.withheld + ".")
+    elif sched.chain:
         lines.append(f"Per-level schedule: {schedule_line(data, sched)}.")
         checked = validation.validate(data, sched.slots)
         lines.append(checked.why if checked is not None else
@@ -209,6 +211,9 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
                       "steps)."))
     out.append(r.Table(("level", "best measured config", "tok/s", "vs static best",
                         "emitted"), tuple(rows)))
+    if sched.withheld:
+        return out + [r.Para(sched.withheld + ": no schedule file is written and no "
+                             "validation trial boots one.")]
     if sched.notes:
         out.append(r.Bullets(sched.notes))
     out += _validation_blocks(data, sched)

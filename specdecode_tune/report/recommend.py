@@ -158,6 +158,9 @@ class Schedule:
     slots: tuple[tuple[int, int], ...] = ()   # (running batch where it starts, steps)
     trtllm: dict[int, int] | None = None     # TensorRT-LLM's draft_len_schedule
     params: dict[str, Any] | None = None     # the schedule server's settings but the file
+    # Why no schedule is offered although levels were measured: the best one loses to the
+    # static config beyond noise at some level (`losing_levels`); then nothing is emitted.
+    withheld: str | None = None
 
 
 def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
@@ -207,6 +210,10 @@ def schedule(data: RunData) -> Schedule:
                      kept_static=True)
 
     chain = tuple(keep_static(e) for e in raw_chain)
+    losing = losing_levels(data, chain)
+    if losing:
+        why = withheld_line(data, best, losing)
+        return Schedule(all_e, chain, None, None, None, None, (why,), withheld=why)
     kept = [e for e in chain if e.kept_static]
     if kept:
         notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
@@ -266,6 +273,24 @@ def schedule(data: RunData) -> Schedule:
         vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, top_params, ranges)
     return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
                     slots=tuple(slots), trtllm=trtllm, params=params)
+
+
+def losing_levels(data: RunData, chain: tuple[Entry, ...]) -> list[Entry]:
+    """The levels where the schedule's entry is slower than the static config beyond that
+    level's noise band: a schedule switches only a chain's steps, so where the static config
+    is a tree (topk > 1) every chain may lose to it at some level."""
+    return [e for e in chain if e.gain is not None and e.gain > 0
+            and -math.log(e.gain) > data.level_bands.get(e.c, data.band)]
+
+
+def withheld_line(data: RunData, best: Config | None, losing: list[Entry]) -> str:
+    """One line: why no per-level schedule is offered (the closing lines and the report)."""
+    static = "the static config" if best is None else \
+        f"the static config ({data.label(best.params)})"
+    where = ", ".join(f"C={e.c} {pct_gain(e.gain or 1.0)}" for e in losing)
+    return (f"No per-level schedule offered: the best one servers can switch (a chain, "
+            f"topk = 1, per level) is slower than {static} beyond noise at {where}; "
+            f"recommended: the static config")
 
 
 def schedule_slots(chain: tuple[Entry, ...], limit: int | None
@@ -342,6 +367,7 @@ __all__ = [
     "Schedule",
     "fmt_value",
     "launch_command",
+    "losing_levels",
     "recommend",
     "runner_up_line",
     "schedule",
