@@ -66,6 +66,12 @@ class LevelRow:
     n: int
     base: float | None
     accept: float | None
+    # How well the figures are known (the worst of the repeats: the 95% interval's relative
+    # half-width over whole rounds; None for fixed windows) and the seconds a level took
+    # (median over the repeats, warm-up included); why the acceptance is missing, where it is.
+    precision: float | None = None
+    level_s: float | None = None
+    accept_why: str | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -110,7 +116,9 @@ def recommend(data: RunData) -> Recommendation:
         rng = best.tok_s_range(c)
         rows.append(LevelRow(c=c, tok_s=best.tok_s(c), lo=rng[0] if rng else None,
                              hi=rng[1] if rng else None, n=len(best.values(c)),
-                             base=data.base_tok_s(c), accept=best.accept(c)))
+                             base=data.base_tok_s(c), accept=best.accept(c),
+                             precision=best.precision(c), level_s=best.level_s(c),
+                             accept_why=best.accept_why(c)))
     runner = data.configs[1] if len(data.configs) > 1 else None
     delta = runner.robust.median - best.robust.median if runner is not None else None
     return Recommendation(

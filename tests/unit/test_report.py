@@ -508,6 +508,40 @@ def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> N
     assert out.schedule_paths == []
 
 
+def test_report_says_how_well_and_how_long_each_level_was_measured(tmp_path: Path) -> None:
+    # Levels measured in rounds carry their precision and seconds; a saturated level without
+    # acceptance says why in its note. The report shows the first two per level and says why
+    # the acceptance is missing, and the closing lines count the seconds spent measuring.
+    (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
+        "concurrency = [1, 16]", "concurrency = [1, 16]\nprecision = 0.02\nmin_rounds = 2"))
+    Run(tmp_path, experiment=False)    # the baseline
+    params = resolve({"speculative_num_steps": 4}, {"cuda_graph_max_bs": 64})
+    why = "no request completed in the level: acceptance not read from the requests"
+    levels = [dataclasses.replace(level(1, 277, accept=4.6), rounds=5, precision=0.012,
+                                  accept_precision=0.004, level_s=6.0),
+              dataclasses.replace(level(16, 1596), rounds=3, precision=0.018, level_s=14.0,
+                                  note=why)]
+    for s in levels:
+        results.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
+    results.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
+                                              facts=ServerFacts(max_running_requests=14),
+                                              levels=tuple(levels)),
+                        extra={"finished_at": 1_700_000_100, "node": "test"})
+    data = read_run(str(tmp_path))
+    rec = recommend(data)
+    assert [(r.c, r.precision, r.level_s) for r in rec.rows] == [(1, 0.012, 6.0),
+                                                                (16, 0.018, 14.0)]
+    assert rec.rows[1].accept_why == why and rec.rows[0].accept_why is None
+    out = write_report(str(tmp_path))
+    md = Path(out.path).read_text()
+    assert "| C=1 | 277.0 | +-1.2% |" in md and "| C=16 | 1596.0 | +-1.8% |" in md
+    assert "| 4.60 | 6 |" in md and "| - | 14 |" in md
+    assert f"Acceptance not read: C=16: {why}." in md
+    assert "measured in whole rounds until the 95% interval" in md and "+-2.0%" in md
+    trials_line = next(x for x in out.summary_lines if x.startswith("Trials:"))
+    assert "measuring took 20 s over 1 boot(s) (20 s a boot)" in trials_line
+
+
 def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     run = Run(tmp_path)
     (tmp_path / "experiment.toml").write_text(
