@@ -18,7 +18,18 @@ Per run it reads the run dir back (`report.data.read_run`, what the report reads
   wrote; the served simulator adds its scheduler's dynamics on top, so the pick is also
   compared with the best median the run measured.
 
+Per run it also prints the measurement seconds the search spent (`LevelSummary.level_s` summed
+over every boot's levels, warm-ups included; boots and the pauses between levels not), beside
+its boots. `--windows fixed,rule` runs each seed under both ways of measuring a level: `rule`,
+the experiment as it is (measure.precision: windows that end when the level is known), and
+`fixed`, the same experiment with the fixed windows it had before (a 1 s warm-up and a 4 s window
+per level: `FIXED_MEASURE`); the two are printed side by side. `--profile NAME` runs the
+experiment on another shipped simulator profile (its `backend.profile` replaced), judged on that
+profile's model.
+
     python benchmarks/readme_search.py --seeds 10      # about 200 s a run on 2 cores
+    python benchmarks/readme_search.py --seeds 3 --windows fixed,rule
+    python benchmarks/readme_search.py --seeds 10 --profile bench-two-regime
 """
 
 from __future__ import annotations
@@ -47,6 +58,30 @@ from specdecode_tune.report.data import read_run  # noqa: E402
 ROOT = HERE.parent
 TARGET_BOOTS = 12
 _STOPPED = re.compile(r"^stopped: (.*)$", re.MULTILINE)
+# The README experiment's [measure] timing before issue 35: a fixed window per level.
+FIXED_MEASURE = {"warmup_s": 1.0, "duration_s": 4.0}
+_WINDOW_KEYS = ("precision", "min_rounds", "max_duration_s", "warmup_s", "duration_s")
+
+
+def variant(text: str, windows: str, profile: str | None) -> str:
+    """The experiment's text with fixed windows (`windows` = "fixed"; "rule" keeps it) and
+    another simulator profile, where asked."""
+    out, section = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            section = stripped
+            out.append(line)
+            if windows == "fixed" and section == "[measure]":
+                out += [f"{k} = {v}" for k, v in FIXED_MEASURE.items()]
+            continue
+        key = stripped.split("=", 1)[0].strip()
+        if windows == "fixed" and section == "[measure]" and key in _WINDOW_KEYS:
+            continue
+        if profile is not None and section == "[backend]" and key == "profile":
+            line = f"profile = {profile!r}".replace("'", '"')
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict[str, Any]:
@@ -63,11 +98,13 @@ def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict
         raise RuntimeError(f"seed {seed}: exit {done.returncode}: " + " | ".join(tail))
     data = read_run(str(Path(storage) / name))
     trials = [t for t in data.trials if not t.baseline]
+    measured = [sum(lv.level_s or 0.0 for lv in t.levels.values()) for t in data.trials]
     m = _STOPPED.search(done.stdout)
     stopped = m.group(1) if m else ""
     best = data.best
     by_median = max(data.configs, key=lambda cf: cf.robust.median) if data.configs else None
     return {"seed": seed, "wall_s": wall, "boots": 1 + len(trials),
+            "measure_s": sum(measured),
             "refused": sum(1 for t in trials if t.status == "infeasible"),
             "explored": len({t.config_key for t in trials}),
             "self_stop": stopped.startswith("the model knows"), "stopped": stopped,
@@ -83,19 +120,24 @@ def judge(row: dict[str, Any], truth: se.Truth, exp: Any) -> dict[str, Any]:
 
 
 def report(rows: Sequence[dict[str, Any]], truth: se.Truth,
-           say: Callable[[str], None] = print) -> None:
+           say: Callable[[str], None] = print, title: str = "") -> None:
     say("")
     say("== the README's main command, run for real (python -m specdecode_tune.search "
-        "--seed N; baseline and re-measurements counted)")
+        "--seed N; baseline and re-measurements counted)" + (f": {title}" if title else ""))
     for r in rows:
         key = "-" if r["key"] is None else "steps={} topk={} draft={} mem={}".format(*r["key"])
         gap = (r["best_median"] - r["picked_median"]) if r["picked_median"] is not None else 0.0
         say(f"   seed {r['seed']:>2}: {r['boots']:>2} boots ({r['explored']} explored, "
             f"{r['refused']} refused), {'self-stop' if r['self_stop'] else 'cap'}, "
-            f"{r['wall_s']:.0f} s; picked {key} at {r['at']:.1%} of the model's optimum "
-            f"({100 * (math.exp(-gap) - 1):+.1f}% vs the run's best median)")
+            f"{r['wall_s']:.0f} s, measuring {r['measure_s']:.0f} s "
+            f"({r['measure_s'] / r['boots']:.1f} s a boot); picked {key} at {r['at']:.1%} of "
+            f"the model's optimum ({100 * (math.exp(-gap) - 1):+.1f}% vs the run's best median)")
     b = [r["boots"] for r in rows]
     opt = "steps={} topk={} draft={} mem={}".format(*truth.optimum)
+    m = [r["measure_s"] for r in rows]
+    say(f"   measuring median {statistics.median(m):.0f} s a search "
+        f"({statistics.median(x / r['boots'] for x, r in zip(m, rows)):.1f} s a boot), "
+        f"wall median {statistics.median(r['wall_s'] for r in rows):.0f} s")
     say(f"   boots median {statistics.median(b):g} / worst {max(b)}; self-stop "
         f"{sum(r['self_stop'] for r in rows)}/{len(rows)}; picked within 2% of the optimum "
         f"({opt}) {sum(r['within'] for r in rows)}/{len(rows)}; refused worst "
@@ -114,20 +156,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--storage", default=None,
                     help="where the run dirs go (default: a temporary folder, removed)")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
+    ap.add_argument("--windows", default="rule",
+                    help="comma-separated: rule (the experiment's [measure]), fixed (a 1 s "
+                         "warm-up and a 4 s window per level); each seed runs under each")
+    ap.add_argument("--profile", default=None,
+                    help="another shipped simulator profile for the experiment's backend")
     args = ap.parse_args(argv)
-    exp = load_experiment(str(ROOT / args.experiment))
+    windows = [w.strip() for w in args.windows.split(",") if w.strip()]
+    if not windows or any(w not in ("rule", "fixed") for w in windows):
+        ap.error(f"--windows: {args.windows!r}; allowed: rule, fixed, or both with a comma")
+    source = ROOT / args.experiment
+    exp = load_experiment(str(source))
     if exp.backend.kind != "sim":
         ap.error(f"--experiment: backend kind {exp.backend.kind!r}; this benchmark judges the "
                  f"pick on a simulator profile's model, so it needs kind = \"sim\"")
-    truth = se.build_truth(exp.backend.profile, exp)
-    rows = []
+    results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="readme-search-") as tmp:
         storage = args.storage or tmp
-        for seed in range(args.seeds):
-            row = judge(run_once(args.experiment, seed, storage, args.timeout), truth, exp)
-            rows.append(row)
-            print(f"  seed {seed}: {row['boots']} boots, at {row['at']:.1%}", flush=True)
-    report(rows, truth)
+        for w in windows:
+            path = Path(tmp) / f"experiment-{w}.toml"
+            path.write_text(variant(source.read_text(), w, args.profile))
+            wexp = load_experiment(str(path))
+            truth = se.build_truth(wexp.backend.profile, wexp)
+            rows = []
+            for seed in range(args.seeds):
+                row = judge(run_once(str(path), seed, str(Path(storage) / w), args.timeout),
+                            truth, wexp)
+                rows.append(row)
+                print(f"  {w} seed {seed}: {row['boots']} boots, measuring "
+                      f"{row['measure_s']:.0f} s, at {row['at']:.1%}", flush=True)
+            results[w] = rows
+    for w, rows in results.items():
+        report(rows, truth, title=f"{w} windows ({wexp.backend.profile})")
     return 0
 
 

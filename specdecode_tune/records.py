@@ -87,6 +87,16 @@ class LevelSummary:
     # of those that completed; None where the objective sets no targets.
     slo_good: int | None = None
     slo_total: int | None = None
+    # A closed loop measured in whole rounds until known (measure.precision, load/rounds.py):
+    # the rounds counted, and the 95% interval's half-width of output_tok_s and of
+    # accept_length relative to them (None: one round, no interval; or no verify steps). For
+    # a fixed window all three are None. `duration_s` is then the counted requests'
+    # worker-seconds over C.
+    rounds: int | None = None
+    precision: float | None = None
+    accept_precision: float | None = None
+    # Wall seconds the level took, its warm-up included (the time a boot spends measuring).
+    level_s: float | None = None
 
 
 # ServerFacts.extra, from the boot's log where the engine logs its memory (`Backend.memory_facts`),

@@ -46,6 +46,7 @@ from .config import Experiment, MeasureConfig, cliargs, load_experiment
 from .errors import ConfigError, KeyRefused, ServerStartError
 from .load import Api, LevelPlan, level_failure, measure
 from .load.slo import Slo, good_requests
+from .load.stats import ACCEPT_UNREAD
 from .load.tokencount import server_lengths
 from .records import FACTS_UNREAD, LevelSummary, RequestRecord, ServerFacts, TrialResult
 from .server import ServerProcess
@@ -106,9 +107,11 @@ class TrialContext:
 def level_plans(m: MeasureConfig) -> list[LevelPlan]:
     """Closed-loop levels in the experiment's order, then open-loop rates."""
     def plan(concurrency: int | None = None, rate: float | None = None) -> LevelPlan:
+        closed = concurrency is not None
         return LevelPlan(concurrency=concurrency, rate=rate, warmup_s=m.warmup_s,
-                         duration_s=m.duration_s, max_requests=m.max_requests,
-                         request_timeout_s=m.request_timeout_s)
+                         duration_s=m.window_s if closed else m.duration_s,
+                         max_requests=m.max_requests, request_timeout_s=m.request_timeout_s,
+                         precision=m.precision if closed else None, min_rounds=m.min_rounds)
 
     return [plan(concurrency=c) for c in m.concurrency] + [plan(rate=r) for r in m.rates]
 
@@ -207,6 +210,10 @@ def run_trial(
                 facts = dataclasses.replace(facts, extra={**facts.extra, **memory})
             # vLLM does not report its running limit: then the flag we set is the limit.
             limit = facts.max_running_requests or params.get("max_running_requests")
+            if isinstance(limit, int) and limit > 0:
+                # A level measured in rounds: a loop over the limit is served in waves of it.
+                plans = [dataclasses.replace(p, round_size=limit) if p.by_rounds else p
+                         for p in plans]
             # A sharegpt sample counted again by the server's tokenizer, where it has an
             # endpoint for it (llama-server, vLLM).
             lengths = server_lengths_of(exp, backend, srv.base_url)
@@ -246,7 +253,9 @@ def run_trial(
                     if acc is not None:
                         summary = dataclasses.replace(
                             summary, accept_length=acc,
-                            accept_histogram=hist or summary.accept_histogram)
+                            accept_histogram=hist or summary.accept_histogram,
+                            note="; ".join(p for p in summary.note.split("; ")
+                                           if p and p != ACCEPT_UNREAD))
                 over = limit is not None and summary.mode == "closed" \
                     and summary.concurrency > limit
                 note = summary.note
@@ -352,16 +361,21 @@ def _last_line(text: str) -> str:
 
 
 def format_levels(levels: Sequence[LevelSummary]) -> str:
-    head = f"{'level':>8} {'tok/s':>9} {'req/s':>7} {'ttft p50':>9} {'tpot p50':>9} " \
-           f"{'accept':>7} {'errors':>6}  note"
+    """One row per level: its figures, how well they are known (`+-`: the 95% interval of
+    tok/s over whole rounds, `rounds`; "fixed" for a fixed window) and the seconds it took."""
+    head = f"{'level':>8} {'tok/s':>9} {'+-':>6} {'req/s':>7} {'ttft p50':>9} " \
+           f"{'tpot p50':>9} {'accept':>7} {'errors':>6} {'rounds':>6} {'time':>6}  note"
     rows = [head]
     for s in levels:
         name = f"C={s.concurrency}" if s.mode == "closed" else f"{s.rate:g}/s"
         acc = f"{s.accept_length:.2f}" if s.accept_length is not None else "-"
         ttft = f"{s.ttft_p50 * 1e3:.0f}ms" if s.ttft_p50 is not None else "-"
         tpot = f"{s.tpot_p50 * 1e3:.1f}ms" if s.tpot_p50 is not None else "-"
-        rows.append(f"{name:>8} {s.output_tok_s:9.1f} {s.requests_s:7.2f} {ttft:>9} "
-                    f"{tpot:>9} {acc:>7} {s.errors:6d}  {s.note}")
+        prec = f"{s.precision:.1%}" if s.precision is not None else "-"
+        rounds = "fixed" if s.rounds is None else str(s.rounds)
+        took = f"{s.level_s:.1f}s" if s.level_s is not None else "-"
+        rows.append(f"{name:>8} {s.output_tok_s:9.1f} {prec:>6} {s.requests_s:7.2f} {ttft:>9} "
+                    f"{tpot:>9} {acc:>7} {s.errors:6d} {rounds:>6} {took:>6}  {s.note}")
     return "\n".join(rows)
 
 

@@ -33,6 +33,18 @@ class MeasureConfig:
     warmup_requests: int = 2                      # sequential requests after boot, not counted
     request_timeout_s: float = 300.0
     max_requests: int | None = None               # optional cap per level
+    # Windows that end when the level is known (load/rounds.py): each closed-loop level runs
+    # whole rounds until the 95% interval of its tok/s (and acceptance) is within +-precision
+    # of the figure, at least `min_rounds`, at most `max_duration_s` after the warm-up. None:
+    # the fixed window `duration_s`. Open-loop rates always use `duration_s`.
+    precision: float | None = None
+    min_rounds: int = 3
+    max_duration_s: float = 60.0
+
+    @property
+    def window_s(self) -> float:
+        """A closed-loop level's window: fixed, or the cap of the round rule."""
+        return self.max_duration_s if self.precision is not None else self.duration_s
 
     @classmethod
     def from_table(cls, t: Table) -> MeasureConfig:
@@ -50,14 +62,33 @@ class MeasureConfig:
         max_requests = t.get("max_requests", int, 0)
         if max_requests < 0:
             raise t.fail("max_requests", max_requests, "must be >= 0 (0 = no cap)")
+        precision = t.get("precision", (int, float), None)
+        if precision is not None and not 0 < precision < 0.5:
+            raise t.fail("precision", precision, "a relative half-width at 95% in (0, 0.5), "
+                                                 "e.g. 0.02 for +-2%")
+        duration = t.positive("duration_s", (int, float), None)
+        if precision is not None and duration is not None and not rates:
+            raise t.fail("duration_s", duration, "give one: precision (each level measured "
+                                                 "until known) or duration_s (a fixed window); "
+                                                 "with precision, max_duration_s caps a level")
+        for key in ("min_rounds", "max_duration_s"):
+            if precision is None and key in t.data:
+                raise t.fail(key, t.data[key], "only used with measure.precision")
+        min_rounds = t.get("min_rounds", int, 3)
+        if min_rounds < 2:
+            raise t.fail("min_rounds", min_rounds, "must be >= 2 (an interval needs two "
+                                                   "rounds)")
         cfg = cls(
             concurrency=tuple(conc),
             rates=tuple(float(r) for r in rates),
             warmup_s=float(t.positive("warmup_s", (int, float), 2.0, zero_ok=True)),
-            duration_s=float(t.positive("duration_s", (int, float), 10.0)),
+            duration_s=float(duration if duration is not None else 10.0),
             warmup_requests=t.positive("warmup_requests", int, 2, zero_ok=True),
             request_timeout_s=float(t.positive("request_timeout_s", (int, float), 300.0)),
             max_requests=max_requests or None,
+            precision=None if precision is None else float(precision),
+            min_rounds=min_rounds,
+            max_duration_s=float(t.positive("max_duration_s", (int, float), 60.0)),
         )
         t.done()
         return cfg

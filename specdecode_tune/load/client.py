@@ -69,6 +69,7 @@ async def stream_request(
     loads = json.loads
     feed = SSEParser().feed
     mark = st.times.append
+    size = st.sizes.append
     prev_cum = counted = in_win = 0
     inexact = done = clean = False
     meta: dict[str, Any] | None = None
@@ -111,6 +112,7 @@ async def stream_request(
                 if w0 <= t <= w1:
                     in_win += new
                 mark(t)
+                size(new)
         if not done:
             raise StreamError("truncated stream (no [DONE])")
         st.end = t

@@ -1,8 +1,11 @@
 """One level's plan: a closed loop at a concurrency, or an open loop at a request rate.
 
 A level runs ``warmup_s + duration_s``; the measurement window is the last ``duration_s`` (see
-`scheduler`, which runs a plan, and `tally`, which counts it). A plan validates itself when
-built; a bad value is a `ConfigError` naming ``level.<key>``, the value and what is allowed.
+`scheduler`, which runs a plan, and `tally`, which counts it). A closed-loop plan with a
+`precision` is measured in whole rounds until its figures are known to that relative precision
+at 95% (`rounds`); its ``duration_s`` is then the cap on the measured part. A plan validates
+itself when built; a bad value is a `ConfigError` naming ``level.<key>``, the value and what is
+allowed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ class LevelPlan:
     max_requests: int | None = None     # cap on requests sent in the level (warm-up included)
     request_timeout_s: float = 600.0
     seed: int = 0                       # Poisson arrival times (open loop)
+    # Closed loop only: measure whole rounds until the 95% interval of the level's tok/s (and
+    # acceptance) is within this relative half-width (load/rounds.py), with at least
+    # `min_rounds`; None: a fixed window of `duration_s`.
+    precision: float | None = None
+    min_rounds: int = 3
+    # Requests a round holds: the server runs min(C, its running limit) at once, so a loop
+    # over the limit is served in waves of the limit (the trial sets it from the server's
+    # facts); None: the concurrency.
+    round_size: int | None = None
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate is None):
@@ -50,6 +62,24 @@ class LevelPlan:
             _bad("request_timeout_s", self.request_timeout_s, "a number of seconds > 0")
         if not is_int(self.seed):
             _bad("seed", self.seed, "an integer")
+        if self.precision is not None and not (_is_num(self.precision)
+                                               and 0 < self.precision < 1):
+            _bad("precision", self.precision, "a relative half-width in (0, 1), or unset")
+        if not is_int(self.min_rounds) or self.min_rounds < 2:
+            _bad("min_rounds", self.min_rounds, "an integer >= 2")
+        if self.round_size is not None and (not is_int(self.round_size) or self.round_size < 1):
+            _bad("round_size", self.round_size, "an integer >= 1, or unset")
+
+    @property
+    def per_round(self) -> int:
+        """Requests that finish in one round: the round size, at most the concurrency."""
+        c = self.concurrency or 1
+        return min(c, self.round_size) if self.round_size else c
+
+    @property
+    def by_rounds(self) -> bool:
+        """Measured in whole rounds until known (`precision`), not in a fixed window."""
+        return self.precision is not None and self.concurrency is not None
 
     @property
     def mode(self) -> str:

@@ -47,15 +47,23 @@ def summarize(
     *,
     window_tokens: int,
     window_s: float | None = None,
+    span: tuple[float, float] | None = None,
 ) -> LevelSummary:
     """Aggregate one level's records.
 
     `window_tokens` (output tokens whose chunks arrived inside the window) comes from the
     stream, not the records; `window_s` defaults to the plan's duration. Latency and acceptance
     use the requests that completed in the window without error; `requests` and `errors` count
-    every request that ended in the window; requests/s counts the successful ones.
+    every request that ended in the window; requests/s counts the successful ones. `span`: the
+    window on the level's clock where it is not ``warmup_s`` to ``warmup_s + window_s`` (a
+    level measured in rounds: its rates use the rounds' time, its checks the wall clock).
+
+    Where no request completed in the window (a request takes longer than the window), the
+    acceptance comes from the level's requests that completed before it, said in the note; with
+    none, the note says why it is missing.
     """
     window_s = plan.duration_s if window_s is None else window_s
+    span = span if span is not None else (plan.warmup_s, plan.warmup_s + window_s)
     in_win = [r for r in records if r.in_window]
     ok = [r for r in in_win if r.error is None]
     errors = len(in_win) - len(ok)
@@ -69,9 +77,17 @@ def summarize(
     itl = [g for r in ok for g in r.chunk_gaps]
     e2e = [r.latency for r in ok]
 
-    verified = [r for r in ok if r.verify_ct]
-    verify_sum = sum(r.verify_ct or 0 for r in verified)
-    accept = sum(r.output_tokens for r in verified) / verify_sum if verify_sum else None
+    notes = []
+    accept = acceptance(ok)
+    if accept is None and not ok:
+        before = [r for r in records if r.error is None and not r.in_window and r.verify_ct
+                  and r.end <= span[0]]
+        accept = acceptance(before)
+        if accept is not None:
+            notes.append(f"no request completed in the window: acceptance from the "
+                         f"{len(before)} that completed before it")
+        elif any(r.error is None for r in records) and plan.mode == "closed":
+            notes.append(ACCEPT_UNREAD)
 
     hist: list[int] = []
     for r in ok:
@@ -81,7 +97,6 @@ def summarize(
         for i, c in enumerate(h):
             hist[i] += c
 
-    notes = []
     failure = level_failure(records)
     if failure is not None:
         notes.append(f"no request succeeded, not a measurement: {failure}")
@@ -93,13 +108,13 @@ def summarize(
         notes.append(f"{outside} failed outside the window")
     if window_s <= 0:
         notes.append("empty measurement window")
-    drift = gap_drift(records, plan.warmup_s, plan.warmup_s + window_s)
+    drift = gap_drift(records, span[0], span[1])
     if drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT:
         notes.append(f"median inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
                      f"from the first to the second half of the window: the server's speed "
                      f"changed mid-level (clock throttling?)")
 
-    sat = saturation(records, plan.warmup_s + window_s) \
+    sat = saturation(records, span[1]) \
         if plan.mode == "closed" else None
     if sat is not None and sat.saturated:
         notes.append(f"saturated (GuideLLM's test): {sat.why}")
@@ -126,6 +141,19 @@ def summarize(
         note="; ".join(notes),
         saturated=bool(sat and sat.saturated),
     )
+
+
+# The note of a level whose acceptance no request could give (the trial drops it where the
+# server's counters give it instead).
+ACCEPT_UNREAD = ("no request completed in the level: acceptance not read from the requests "
+                 "(a server gives it with a request's last chunk)")
+
+
+def acceptance(records: Sequence[RequestRecord]) -> float | None:
+    """sum(output tokens) / sum(verify steps) over the records that have verify steps."""
+    verified = [r for r in records if r.verify_ct]
+    verify_sum = sum(r.verify_ct or 0 for r in verified)
+    return sum(r.output_tokens for r in verified) / verify_sum if verify_sum else None
 
 
 def level_failure(records: Sequence[RequestRecord]) -> str | None:

@@ -33,7 +33,7 @@ class RequestState:
     """Mutable state of one request, written once when the request ends (or is cancelled)."""
 
     __slots__ = (
-        "index", "prompt", "start", "end", "times", "counted", "in_win", "inexact",
+        "index", "prompt", "start", "end", "times", "sizes", "counted", "in_win", "inexact",
         "meta", "error", "error_detail", "cancelled",
     )
 
@@ -43,6 +43,7 @@ class RequestState:
         self.start = 0.0
         self.end: float | None = None
         self.times: list[float] = []      # arrival time of each chunk that carried tokens
+        self.sizes: list[int] = []        # ... and its tokens (1 where counted per chunk)
         self.counted = 0                  # tokens counted chunk by chunk
         self.in_win = 0                   # ... of which arrived inside the window
         self.inexact = False              # some chunk was counted as 1 token, not by a counter
@@ -106,6 +107,17 @@ def tally_level(
             )
         )
     return records, round(window_tokens)
+
+
+def finished_round_figures(st: RequestState, stream: StreamFormat = ANY_ENGINE_STREAM
+                           ) -> tuple[float, int | None]:
+    """A request that ended: (its output tokens, its verify steps or None). Tokens are the
+    final count where the server gave one, else the chunks counted; a failed request brings
+    what it streamed before failing (its time counts in its round as well)."""
+    total = _final_total(st.meta)
+    tokens = float(total if total is not None else st.counted)
+    return tokens, (_first_int(st.meta, stream.verify_ct) if st.meta and st.error is None
+                    else None)
 
 
 def _final_total(meta: Mapping[str, Any] | None) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..config import Experiment
 from ..objective import PRIOR_DOF, pct
 from ..space import STEPS
 from . import predictions, validation
@@ -58,6 +59,17 @@ def _counts(data: RunData) -> str:
     return (f"{len(spec)} trials ({by['ok']} ok, {by['infeasible']} infeasible, "
             f"{by['failed']} failed, {by['pruned']} pruned; {suspect} suspect; {repeats} "
             f"re-measurements), {len(data.configs)} usable configurations")
+
+
+def measure_seconds(data: RunData) -> str:
+    """'measuring took 412 s over 11 boots (37 s a boot)': the levels' own seconds (warm-ups
+    included; boots and the pauses between levels not), where the tables record them."""
+    per = [sum(s.level_s for s in t.levels.values() if s.level_s is not None)
+           for t in data.trials if any(s.level_s is not None for s in t.levels.values())]
+    if not per:
+        return ""
+    return (f"measuring took {sum(per):.0f} s over {len(per)} boot(s) "
+            f"({sum(per) / len(per):.0f} s a boot)")
 
 
 def band_text(data: RunData) -> str:
@@ -118,14 +130,39 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     sure = f"How sure: best measured {best.n}x{once}; {band_text(data)}"
     ru = runner_up_line(data, rec)
     lines.append(sure + (f"; {ru}." if ru else "."))
-    if sched.chain:
+    if sched.withheld:
+        lines.append(sched.withheld + ".")
+    elif sched.chain:
         lines.append(f"Per-level schedule: {schedule_line(data, sched)}.")
         checked = validation.validate(data, sched.slots)
         lines.append(checked.why if checked is not None else
                      "The schedule was not validated (no boot of it ran: objective.kind = "
                      "\"schedule\" does that); recommended: the static config.")
-    lines.append(f"Trials: {_counts(data)}.")
+    spent = measure_seconds(data)
+    lines.append(f"Trials: {_counts(data)}" + (f"; {spent}." if spent else "."))
     return lines
+
+
+def measure_text(exp: Experiment | None) -> str:
+    """How a level was measured: whole rounds until known, or a fixed window."""
+    m = exp.measure if exp is not None else None
+    if m is None or m.precision is None:
+        return ("Levels: a fixed window per level" + (
+            f" ({m.warmup_s:g} s warm-up, {m.duration_s:g} s window)" if m else "")
+            + ", tok/s = the tokens that arrived in it over its length; \"known to\" is not "
+              "estimated (a window over lockstep requests reads high or low by where it cuts "
+              "their rounds).")
+    return (f"Levels: measured in whole rounds until the 95% interval of tok/s, and of the "
+            f"acceptance where requests bring their verify steps, is within "
+            f"+-{m.precision:.1%} (at least {m.min_rounds} rounds kept, at most "
+            f"{m.max_duration_s:g} s after a {m.warmup_s:g} s warm-up). A round is min(C, the "
+            f"server's running limit) requests, ending when the level's n-th, 2n-th, ... "
+            f"request finishes; tok/s = the tokens that arrived between the first and last "
+            f"kept round ends over that time; the first rounds are left out where they are a "
+            f"transient (MSER); the interval is the ratio interval over rounds (regenerative "
+            f"method / batch means) with Law & Kelton's relative-precision stop "
+            f"(specdecode_tune/load/rounds.py). \"known to\" is the widest over the "
+            f"repeats; \"level s\" the median seconds a level took, warm-up included.")
 
 
 def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
@@ -209,6 +246,9 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
                       "steps)."))
     out.append(r.Table(("level", "best measured config", "tok/s", "vs static best",
                         "emitted"), tuple(rows)))
+    if sched.withheld:
+        return out + [r.Para(sched.withheld + ": no schedule file is written and no "
+                             "validation trial boots one.")]
     if sched.notes:
         out.append(r.Bullets(sched.notes))
     out += _validation_blocks(data, sched)
@@ -322,12 +362,17 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
         else:
             out.append(r.Para(rec.command_note + "."))
         rows = tuple((f"C={row.c}", _tok(row.tok_s),
+                      f"+-{row.precision:.1%}" if row.precision is not None else "-",
                       f"{_tok(row.lo)} - {_tok(row.hi)}" if row.n > 1 else "-", str(row.n),
                       _tok(row.base), _x(row.speedup),
-                      f"{row.accept:.2f}" if row.accept is not None else "-")
+                      f"{row.accept:.2f}" if row.accept is not None else "-",
+                      f"{row.level_s:.0f}" if row.level_s is not None else "-")
                      for row in rec.rows)
-        out.append(r.Table(("level", "tok/s (median)", "min - max", "n", "baseline tok/s",
-                            "speedup", "accept length"), rows))
+        out.append(r.Table(("level", "tok/s (median)", "known to (95%)", "min - max", "n",
+                            "baseline tok/s", "speedup", "accept length", "level s"), rows))
+        missing = [f"C={row.c}: {row.accept_why}" for row in rec.rows if row.accept_why]
+        if missing:
+            out.append(r.Para("Acceptance not read: " + "; ".join(missing) + "."))
         ru = runner_up_line(data, rec)
         if ru:
             out.append(r.Para(ru[0].upper() + ru[1:] + "."))
@@ -363,6 +408,7 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
          f"noise band, which counts as {PRIOR_DOF} residual degrees of freedom against the "
          "repeats' n - 1, so a configuration measured once carries the pooled spread, not "
          "none; suspect trials (telemetry flags, errors during a level) are left out."),
+        measure_text(exp),
         ("Noise band: two pooled standard deviations of repeated scores around their medians "
          "(objective.noise_band); each level's band uses the repeats' log tok/s at that level."),
         ("Verdict terms: a plateau is adjacent values within the band of the best; a peak is a "

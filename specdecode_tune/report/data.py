@@ -139,6 +139,27 @@ class Config:
              for a in [t.levels[c].accept_length] if a is not None]
         return statistics.median(v) if v else None
 
+    def precision(self, c: int) -> float | None:
+        """The widest relative 95% half-width of tok/s at level c over the repeats measured
+        in rounds (measure.precision); None where none was."""
+        v = [p for t in self.trials if c in t.levels
+             for p in [t.levels[c].precision] if p is not None]
+        return max(v) if v else None
+
+    def level_s(self, c: int) -> float | None:
+        """Median seconds level c took (warm-up included) over the repeats that say."""
+        v = [s for t in self.trials if c in t.levels
+             for s in [t.levels[c].level_s] if s is not None]
+        return statistics.median(v) if v else None
+
+    def accept_why(self, c: int) -> str | None:
+        """Where no repeat has an acceptance at level c: the level's own words on it."""
+        if self.accept(c) is not None:
+            return None
+        notes = [part.strip() for t in self.trials if c in t.levels
+                 for part in t.levels[c].note.split(";") if "acceptance" in part]
+        return notes[0] if notes else None
+
     def fact(self, name: str) -> float | None:
         v = [getattr(t.facts, name) for t in self.trials if getattr(t.facts, name) is not None]
         return statistics.median(v) if v else None

@@ -66,6 +66,12 @@ class LevelRow:
     n: int
     base: float | None
     accept: float | None
+    # How well the figures are known (the worst of the repeats: the 95% interval's relative
+    # half-width over whole rounds; None for fixed windows) and the seconds a level took
+    # (median over the repeats, warm-up included); why the acceptance is missing, where it is.
+    precision: float | None = None
+    level_s: float | None = None
+    accept_why: str | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -110,7 +116,9 @@ def recommend(data: RunData) -> Recommendation:
         rng = best.tok_s_range(c)
         rows.append(LevelRow(c=c, tok_s=best.tok_s(c), lo=rng[0] if rng else None,
                              hi=rng[1] if rng else None, n=len(best.values(c)),
-                             base=data.base_tok_s(c), accept=best.accept(c)))
+                             base=data.base_tok_s(c), accept=best.accept(c),
+                             precision=best.precision(c), level_s=best.level_s(c),
+                             accept_why=best.accept_why(c)))
     runner = data.configs[1] if len(data.configs) > 1 else None
     delta = runner.robust.median - best.robust.median if runner is not None else None
     return Recommendation(
@@ -158,6 +166,9 @@ class Schedule:
     slots: tuple[tuple[int, int], ...] = ()   # (running batch where it starts, steps)
     trtllm: dict[int, int] | None = None     # TensorRT-LLM's draft_len_schedule
     params: dict[str, Any] | None = None     # the schedule server's settings but the file
+    # Why no schedule is offered although levels were measured: the best one loses to the
+    # static config beyond noise at some level (`losing_levels`); then nothing is emitted.
+    withheld: str | None = None
 
 
 def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
@@ -207,6 +218,10 @@ def schedule(data: RunData) -> Schedule:
                      kept_static=True)
 
     chain = tuple(keep_static(e) for e in raw_chain)
+    losing = losing_levels(data, chain)
+    if losing:
+        why = withheld_line(data, best, losing)
+        return Schedule(all_e, chain, None, None, None, None, (why,), withheld=why)
     kept = [e for e in chain if e.kept_static]
     if kept:
         notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
@@ -266,6 +281,24 @@ def schedule(data: RunData) -> Schedule:
         vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, top_params, ranges)
     return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
                     slots=tuple(slots), trtllm=trtllm, params=params)
+
+
+def losing_levels(data: RunData, chain: tuple[Entry, ...]) -> list[Entry]:
+    """The levels where the schedule's entry is slower than the static config beyond that
+    level's noise band: a schedule switches only a chain's steps, so where the static config
+    is a tree (topk > 1) every chain may lose to it at some level."""
+    return [e for e in chain if e.gain is not None and e.gain > 0
+            and -math.log(e.gain) > data.level_bands.get(e.c, data.band)]
+
+
+def withheld_line(data: RunData, best: Config | None, losing: list[Entry]) -> str:
+    """One line: why no per-level schedule is offered (the closing lines and the report)."""
+    static = "the static config" if best is None else \
+        f"the static config ({data.label(best.params)})"
+    where = ", ".join(f"C={e.c} {pct_gain(e.gain or 1.0)}" for e in losing)
+    return (f"No per-level schedule offered: the best one servers can switch (a chain, "
+            f"topk = 1, per level) is slower than {static} beyond noise at {where}; "
+            f"recommended: the static config")
 
 
 def schedule_slots(chain: tuple[Entry, ...], limit: int | None
@@ -342,6 +375,7 @@ __all__ = [
     "Schedule",
     "fmt_value",
     "launch_command",
+    "losing_levels",
     "recommend",
     "runner_up_line",
     "schedule",

@@ -55,8 +55,12 @@ class Progress(Callback):
             acc_s = f", accept {acc:.2f}" if acc is not None else ""
             err = result.get("level_errors") or 0
             err_s = f", {err} errors" if err else ""
+            prec = result.get("level_precision")
+            prec_s = f" +-{prec:.1%}" if prec is not None else ""
+            took = result.get("level_s")
+            took_s = f", {took:.1f} s" if took is not None else ""
             say(f"  level  {trial.trial_id}  C={result['level']:<3d} "
-                f"{result['level_tok_s']:8.1f} tok/s{acc_s}{err_s}")
+                f"{result['level_tok_s']:8.1f} tok/s{prec_s}{acc_s}{err_s}{took_s}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.done += 1

@@ -4,8 +4,9 @@ level, live gauges, and the final result the searcher tells Optuna.
 What it reports to Tune:
 - after each level (with a checkpoint of the levels done and the server's facts, so that a
   trial whose node is lost resumes at its next level elsewhere): `level`, `level_tok_s`,
-  `level_accept`, `level_errors`, `levels_done`, for the live lines; no score (the score needs
-  every level, so the search turns Tune's strict metric check off);
+  `level_accept`, `level_errors`, `levels_done`, `level_precision`, `level_s`, for the live
+  lines; no score (the score needs every level, so the search turns Tune's strict metric
+  check off);
 - at the end: `feasible`, `status`, `reason`, `levels_done`, `repeat`, the objective (`score`,
   or one value per Pareto metric; a refused point gets `INFEASIBLE_SCORE` or each metric's
   worst value) and `MEASURED_KEY` (`samplers.measured_attr` as JSON text).
@@ -88,7 +89,8 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
             write_checkpoint(d, finished, facts[-1] if facts else None)
             tune.report({"level": summary.concurrency, "level_tok_s": summary.output_tok_s,
                          "level_accept": summary.accept_length,
-                         "level_errors": summary.errors, "levels_done": len(finished)},
+                         "level_errors": summary.errors, "levels_done": len(finished),
+                         "level_precision": summary.precision, "level_s": summary.level_s},
                         checkpoint=tune.Checkpoint.from_directory(d))
 
     trial_ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(local_dir),

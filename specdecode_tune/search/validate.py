@@ -65,6 +65,8 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
         return [], f"schedule validation: not booted. {why}"
     data = read_run(plan.run_dir, exp)
     sched = recommend.schedule(data)
+    if sched.withheld:
+        return [], f"schedule validation: not booted. {sched.withheld}"
     if sched.sglang is None or sched.params is None:
         return [], "schedule validation: no schedule to boot (no level is best with speculation)"
     folder = os.path.join(str(plan.local_dir), SCHEDULE_DIR)

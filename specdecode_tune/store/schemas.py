@@ -88,6 +88,10 @@ LEVELS_SCHEMA = _schema(KEY_FIELDS + PARAM_FIELDS + [
     _f("saturated", pa.bool_()),
     _f("slo_good", pa.int64()),
     _f("slo_total", pa.int64()),
+    _f("rounds", pa.int64()),
+    _f("precision", pa.float64()),
+    _f("accept_precision", pa.float64()),
+    _f("level_s", pa.float64()),
 ], "levels")
 
 TRIALS_SCHEMA = _schema(KEY_FIELDS + [

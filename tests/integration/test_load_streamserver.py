@@ -219,6 +219,42 @@ def test_max_requests_ends_the_level_when_they_are_done(server: int) -> None:
     assert summary.output_tok_s == pytest.approx(summary.output_tokens / summary.duration_s)
 
 
+def test_a_level_in_rounds_ends_when_known_over_whole_requests(server: int) -> None:
+    # 8 streams of 60 tokens, 3 a chunk every 10 ms: 0.2 s a request, steady. The level ends
+    # as soon as two rounds agree, long before its 20 s cap, and counts whole requests only.
+    streamserver.reset(server, tokens_per_chunk=3, chunk_delay=0.01)
+    plan = LevelPlan(concurrency=8, warmup_s=0.0, duration_s=20.0, precision=0.02,
+                     min_rounds=2)
+    t, summary, records = run(server, "generate", plan, WorkloadSpec(input_len=8,
+                                                                     output_len=60))
+    took = time.perf_counter() - t
+    assert took < 5 and summary.level_s is not None and summary.level_s < 5
+    assert summary.rounds is not None and summary.rounds >= 2
+    assert summary.precision is not None and summary.precision <= 0.02 / 1.02
+    assert summary.accept_precision is not None and summary.accept_length == pytest.approx(3.0)
+    counted = [r for r in records if r.in_window]
+    assert len(counted) >= 8 * summary.rounds and all(r.output_tokens == 60 for r in counted)
+    # The kept span ends at the last round's completion; the server's own tokens over it.
+    end = max(r.end for r in counted)
+    sent = streamserver.stats(server, t + end - summary.duration_s, t + end)["window_tokens"]
+    assert summary.output_tok_s == pytest.approx(sent / summary.duration_s, rel=0.03)
+    assert summary.output_tok_s == pytest.approx(summary.output_tokens / summary.duration_s,
+                                                 rel=0.01)
+
+
+def test_a_level_in_rounds_stops_at_its_cap_and_says_what_it_reached(server: int) -> None:
+    # Requests of 5 s against a 1 s cap: no round completes; the level keeps the fixed
+    # window's figure and says why, without acceptance (no request finished).
+    streamserver.reset(server, tokens_per_chunk=1, chunk_delay=0.01)
+    plan = LevelPlan(concurrency=4, warmup_s=0.0, duration_s=1.0, precision=0.02)
+    t, summary, _ = run(server, "generate", plan, WorkloadSpec(input_len=8, output_len=500))
+    assert time.perf_counter() - t < 3
+    assert summary.rounds == 0 and summary.precision is None
+    assert "no whole round within the cap of 1 s" in summary.note
+    assert summary.accept_length is None and "acceptance not read" in summary.note
+    assert summary.output_tok_s == pytest.approx(400, rel=0.1)
+
+
 def test_measure_warms_up_runs_levels_in_order_and_never_logs_the_key(
     server: int, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -76,6 +76,14 @@ BAD = [
     ("concurrency = [1, 16]", "concurrency = [1, 1]", ["must not repeat"]),
     ('"16" = 2.0', '"8" = 2.0', ["objective.weights.8", "not a measured level"]),
     ("duration_s = 5", "duration_s = -5", ["measure.duration_s", "> 0"]),
+    ("duration_s = 5", "duration_s = 5\nprecision = 0.02",
+     ["measure.duration_s", "give one: precision", "or duration_s (a fixed window)"]),
+    ("duration_s = 5", "precision = 0.7", ["measure.precision", "(0, 0.5)"]),
+    ("duration_s = 5", "duration_s = 5\nmin_rounds = 3",
+     ["measure.min_rounds", "only used with measure.precision"]),
+    ("duration_s = 5", "precision = 0.02\nmin_rounds = 1", ["measure.min_rounds", ">= 2"]),
+    ("duration_s = 5", "precision = 0.02\nmax_duration_s = 0",
+     ["measure.max_duration_s", "> 0"]),
     ("max_trials = 8", "max_trials = 8.5", ["search.max_trials", "an integer"]),
     ("mem_fraction_static = 0.85", "mem_fraction_static = [1]",
      ["backend.flags.mem_fraction_static"]),
@@ -114,6 +122,14 @@ def test_bad_experiment_gives_one_precise_line(tmp_path: Path, old: str, new: st
     assert str(tmp_path / "exp.toml") in msg
     for w in words:
         assert w in msg, msg
+
+
+def test_measure_by_precision_or_by_a_fixed_window(tmp_path: Path) -> None:
+    fixed = load_experiment(write(tmp_path, GOOD)).measure
+    assert fixed.precision is None and fixed.window_s == 5.0
+    rule = load_experiment(write(tmp_path, GOOD.replace(
+        "duration_s = 5", "precision = 0.02\nmax_duration_s = 30"))).measure
+    assert (rule.precision, rule.min_rounds, rule.window_s) == (0.02, 3, 30.0)
 
 
 def test_space_with_no_valid_config(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from specdecode_tune.errors import ConfigError
 from specdecode_tune.load import LevelPlan, Prompt, level_failure, percentile, summarize
 from specdecode_tune.load import RequestState as _Req
 from specdecode_tune.load import tally_level as _records
+from specdecode_tune.load.stats import ACCEPT_UNREAD
 from specdecode_tune.records import RequestRecord
 
 PLAN = LevelPlan(concurrency=4, warmup_s=1.0, duration_s=10.0)
@@ -63,6 +64,23 @@ def test_summary_without_spec_counters_has_no_acceptance() -> None:
     s = summarize([rec(0, 1.0, 2.0, 0.1, 10)], PLAN, window_tokens=10)
     assert s.accept_length is None and s.accept_histogram == ()
     assert s.duration_s == 10.0 and not s.suspect and s.note == ""
+
+
+def test_acceptance_where_no_request_completed_in_the_window() -> None:
+    # A saturated level whose requests take longer than the window (issue 35: every C=64
+    # row of a run had an empty accept_length). The ones that completed before the window
+    # give it, said so; with none completed at all, the note says why it is missing.
+    before = rec(0, 0.0, 0.9, 0.1, 40, verify_ct=10, in_window=False)
+    cut = [rec(i, 0.5, 11.0, 0.2, 30, in_window=False) for i in (1, 2, 3)]
+    s = summarize([before, *cut], PLAN, window_tokens=300, window_s=10.0)
+    assert s.accept_length == pytest.approx(4.0)
+    assert "acceptance from the 1 that completed before it" in s.note
+    none = summarize(cut, PLAN, window_tokens=300, window_s=10.0)
+    assert none.accept_length is None and ACCEPT_UNREAD in none.note
+    # A window with a completed request reads it from there, with no note.
+    inside = summarize([rec(4, 2.0, 5.0, 0.2, 30, verify_ct=10), *cut], PLAN,
+                       window_tokens=300, window_s=10.0)
+    assert inside.accept_length == pytest.approx(3.0) and "acceptance" not in inside.note
 
 
 def test_empty_window_is_flagged_not_divided_by_zero() -> None:

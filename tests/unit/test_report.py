@@ -482,6 +482,66 @@ def test_schedule_keeps_no_speculation_where_the_baseline_wins(tmp_path: Path) -
     assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
 
 
+def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> None:
+    # The static best is a tree (topk 2); a schedule switches only a chain's steps, and the
+    # best chain at C=1 is 21% slower than the tree there (beyond the 2.5% band) though it
+    # is 5% faster at C=16: the run of issue 35 printed that schedule, "-23.9% vs static" and
+    # all. No schedule line then, one line why, in the closing lines and the report alike.
+    (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace("choices = [1]",
+                                                                 "choices = [1, 2]"))
+    run = Run(tmp_path, experiment=False)
+    run.add("tree", {"speculative_num_steps": 4, "speculative_eagle_topk": 2,
+                     "speculative_num_draft_tokens": 8}, {1: 350, 16: 1600})
+    run.add("chain", {"speculative_num_steps": 4}, {1: 277, 16: 1680})
+    data = read_run(str(tmp_path))
+    assert data.best is not None and data.best.param("speculative_eagle_topk") == 2
+    s = schedule(data)
+    assert s.withheld is not None
+    assert "at C=1 -20.9%;" in s.withheld and "C=16" not in s.withheld
+    assert s.withheld.endswith("recommended: the static config")
+    assert s.sglang is None and s.vllm is None and s.trtllm is None
+    out = write_report(str(tmp_path))
+    assert not any(line.startswith("Per-level schedule") for line in out.summary_lines)
+    assert s.withheld + "." in out.summary_lines
+    md = Path(out.path).read_text()
+    assert "Per-level schedule:" not in md and s.withheld in md
+    assert out.schedule_paths == []
+
+
+def test_report_says_how_well_and_how_long_each_level_was_measured(tmp_path: Path) -> None:
+    # Levels measured in rounds carry their precision and seconds; a saturated level without
+    # acceptance says why in its note. The report shows the first two per level and says why
+    # the acceptance is missing, and the closing lines count the seconds spent measuring.
+    (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
+        "concurrency = [1, 16]", "concurrency = [1, 16]\nprecision = 0.02\nmin_rounds = 2"))
+    Run(tmp_path, experiment=False)    # the baseline
+    params = resolve({"speculative_num_steps": 4}, {"cuda_graph_max_bs": 64})
+    why = "no request completed in the level: acceptance not read from the requests"
+    levels = [dataclasses.replace(level(1, 277, accept=4.6), rounds=5, precision=0.012,
+                                  accept_precision=0.004, level_s=6.0),
+              dataclasses.replace(level(16, 1596), rounds=3, precision=0.018, level_s=14.0,
+                                  note=why)]
+    for s in levels:
+        results.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
+    results.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
+                                              facts=ServerFacts(max_running_requests=14),
+                                              levels=tuple(levels)),
+                        extra={"finished_at": 1_700_000_100, "node": "test"})
+    data = read_run(str(tmp_path))
+    rec = recommend(data)
+    assert [(r.c, r.precision, r.level_s) for r in rec.rows] == [(1, 0.012, 6.0),
+                                                                (16, 0.018, 14.0)]
+    assert rec.rows[1].accept_why == why and rec.rows[0].accept_why is None
+    out = write_report(str(tmp_path))
+    md = Path(out.path).read_text()
+    assert "| C=1 | 277.0 | +-1.2% |" in md and "| C=16 | 1596.0 | +-1.8% |" in md
+    assert "| 4.60 | 6 |" in md and "| - | 14 |" in md
+    assert f"Acceptance not read: C=16: {why}." in md
+    assert "measured in whole rounds until the 95% interval" in md and "+-2.0%" in md
+    trials_line = next(x for x in out.summary_lines if x.startswith("Trials:"))
+    assert "measuring took 20 s over 1 boot(s) (20 s a boot)" in trials_line
+
+
 def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     run = Run(tmp_path)
     (tmp_path / "experiment.toml").write_text(
