@@ -24,8 +24,9 @@ What a trial sees is what a search's trial would: the no-spec baseline measured 
 noise), then per boot each level's tok/s (the boot's log-normal speed factor times the level's
 iteration jitter averaged over the measurement window: the experiment's fixed window, or under
 `measure.precision` the rule's modelled seconds, `boot_seconds`), the acceptance histogram of
-the window's verify steps (drawn from the profile's per-position acceptance), and the server's facts; an
-infeasible config is told to Optuna as a violated constraint with the search's infeasible score.
+the window's verify steps (drawn from the profile's per-position acceptance), and the server's
+facts; an infeasible config is told to Optuna as a violated constraint with the search's
+infeasible score.
 A point already measured is answered from the data without a boot, as `RepeatingSearcher` does
 (after 25 such answers in a row it counts as a boot). The study carries the user attrs the
 search writes (`baseline`, `measured`, `noise_band`), so each sampler runs its real code path.
