@@ -22,9 +22,11 @@ Samplers, built by the search's own `make_sampler` (same seeds, same TPE setting
 
 What a trial sees is what a search's trial would: the no-spec baseline measured first (with
 noise), then per boot each level's tok/s (the boot's log-normal speed factor times the level's
-iteration jitter averaged over the measurement window), the acceptance histogram of the window's
-verify steps (drawn from the profile's per-position acceptance), and the server's facts; an
-infeasible config is told to Optuna as a violated constraint with the search's infeasible score.
+iteration jitter averaged over the measurement window: the experiment's fixed window, or under
+`measure.precision` the rule's modelled seconds, `boot_seconds`), the acceptance histogram of
+the window's verify steps (drawn from the profile's per-position acceptance), and the server's
+facts; an infeasible config is told to Optuna as a violated constraint with the search's
+infeasible score.
 A point already measured is answered from the data without a boot, as `RepeatingSearcher` does
 (after 25 such answers in a row it counts as a boot). The study carries the user attrs the
 search writes (`baseline`, `measured`, `noise_band`), so each sampler runs its real code path.
@@ -40,8 +42,11 @@ runs none. The smoke test runs none unless given.
 Then the whole default search (`benchmarks/whole_search.py`; `--no-whole` skips it) on each
 profile: the search's own searcher with the default sampler, stop rule and KV gate, counting
 every boot (baseline and re-measurements), whether it stopped by itself, whether its pick is
-within 2% of the optimum, its refused boots, and its model's prediction error before each boot
-(also on the recorded landscapes).
+within 2% of the optimum, its refused boots, its model's prediction error before each boot
+(also on the recorded landscapes), and the seconds it spent measuring, modelled for the fixed
+windows sim-default had and for the rule it has (`boot_seconds`: whole rounds of each point's
+own speed, as many as a level took on the served simulator; on the recorded landscapes, from
+each point's recorded speed and running limit).
 """
 
 from __future__ import annotations
@@ -249,9 +254,9 @@ def measure(truth: Truth, key: Key, seed: int, repeat: int = 0
     noise = truth.profile.noise
     rng = _rng(seed, f"{key}/{repeat}")
     boot = math.exp(rng.normal(0.0, noise.boot_sigma))
-    duration = truth.exp.measure.duration_s
     tok_s, levels = {}, []
     for c, mean in point.tok_s.items():
+        duration = window_seconds(truth, c, mean, point.limit)
         iterations = max(1.0, duration / max(point.step_s[c], 1e-6))
         value = mean * boot * math.exp(rng.normal(0.0, noise.step_sigma / math.sqrt(iterations)))
         verify_steps = max(1, round(value * duration / point.accept_length))
@@ -271,10 +276,55 @@ def measured_baseline(truth: Truth, seed: int) -> dict[int, float]:
     noise = truth.profile.noise
     rng = _rng(seed, "baseline")
     boot = math.exp(rng.normal(0.0, noise.boot_sigma))
-    duration = truth.exp.measure.duration_s
     return {c: v * boot * math.exp(rng.normal(0.0, noise.step_sigma / math.sqrt(
-                max(1.0, duration / max(truth.base_step_s[c], 1e-6)))))
+                max(1.0, window_seconds(truth, c, v, truth.base_limit)
+                    / max(truth.base_step_s[c], 1e-6)))))
             for c, v in truth.base.items()}
+
+
+def window_seconds(truth: Truth, c: int, tok_s: float, limit: int | None) -> float:
+    """The seconds a level's figure averages the step jitter over: the experiment's fixed
+    window, or under measure.precision the rule's modelled time (`level_seconds`)."""
+    m = truth.exp.measure
+    if m.precision is None:
+        return m.duration_s
+    return level_seconds(c, tok_s, limit, mean_length(truth.exp.workload.output_len), "rule")
+
+
+# ------------------------------------------------------------- a boot's measurement seconds
+# What a boot spends measuring its levels, modelled for the replay (issue 35), for the two ways
+# of measuring a level: the fixed windows sim-default had (a 1 s warm-up and a 4 s window per
+# level) and the rule (measure.precision): whole rounds until known, a round being
+# min(C, the running limit) requests of the workload's output length at the level's tok/s.
+# RULE_ROUNDS: the median rounds a level took (kept and left out as warm-up) over the 27 boots
+# of `benchmarks/readme_search.py --seeds 3` on sim-default (2026-12-06, the served simulator):
+# a measurement of our own code, not of a GPU.
+FIXED_LEVEL_S = 5.0
+RULE_ROUNDS = {1: 5, 16: 5, 32: 4, 64: 4}
+DEFAULT_RULE_ROUNDS = 5
+WINDOWS = ("fixed", "rule")
+
+
+def level_seconds(c: int, tok_s: float, limit: int | None, out_len: float, windows: str
+                  ) -> float:
+    """One level's measuring seconds under `windows` ("fixed" or "rule")."""
+    if windows == "fixed":
+        return FIXED_LEVEL_S
+    per_round = min(c, limit) if limit else c
+    return RULE_ROUNDS.get(c, DEFAULT_RULE_ROUNDS) * per_round * out_len / max(tok_s, 1e-9)
+
+
+def boot_seconds(truth: Truth, key: Key | None, windows: str) -> float:
+    """A boot's measuring seconds (`key` None: the baseline; 0 for a refused boot)."""
+    out_len = mean_length(truth.exp.workload.output_len)
+    if key is None:
+        tok, limit = truth.base, truth.base_limit
+    else:
+        point = truth.points[key]
+        if not point.feasible:
+            return 0.0
+        tok, limit = point.tok_s, point.limit
+    return sum(level_seconds(c, v, limit, out_len, windows) for c, v in tok.items())
 
 
 def noise_band(truth: Truth) -> float:

@@ -78,6 +78,7 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
     weights = exp.level_weights()
     live: list[tuple[str, dict[str, Any]]] = []
     boots, refused, n = 1, 0, 0          # the baseline is the first boot
+    seconds = {w: se.boot_seconds(truth, None, w) for w in se.WINDOWS}
     finished = False
     for _ in range(10 * s.max_trials + 50):          # bounded: a search is never longer
         while not finished and len(live) < s.max_concurrent:
@@ -100,6 +101,8 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         point = truth.points[key]
         if not point.feasible:
             refused += 1
+        for w in se.WINDOWS:
+            seconds[w] += se.boot_seconds(truth, key, w)
         score = se._score(tok_s, base, weights) if tok_s else None
         searcher.on_trial_complete(tid, {
             "score": INFEASIBLE_SCORE if score is None else score,
@@ -114,6 +117,7 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
     errors = [e for t in inner.study().trials
               for e in level_errors(t.user_attrs.get("predicted"), t.user_attrs.get("measured"))]
     return {"errors": errors, "profile": profile, "seed": seed, "boots": boots, "refused": refused,
+            "seconds": seconds,
             "skipped": len(gate.skipped), "explored": searcher.explored,
             "stopped": searcher.stop_reason, "picked": picked,
             "within": truth.within(picked), "at": truth.at(picked), "at_median": at_median}
@@ -186,9 +190,44 @@ def run(profiles: Sequence[str], seeds: int, jobs: int = 1) -> list[dict[str, An
     return [_task(t) for t in tasks]
 
 
+def recorded_seconds(path: str) -> dict[str, Any]:
+    """A recorded landscape's measuring seconds per boot: the fixed windows it was recorded
+    with, and the rule's modelled from each point's mean tok/s and running limit
+    (`search_efficiency.level_seconds`, the simulator's rounds per level: the recordings hold
+    one figure per level and boot, no spread within a level); medians over the points."""
+    import landscapes
+
+    land = landscapes.landscape_of(path)
+    m = land.exp.measure
+    out_len = se.mean_length(land.exp.workload.output_len)
+    rule, rounds_s = [], {c: [] for c in m.concurrency}
+    for boots in land.points.values():
+        ok = [b for b in boots if b.measured]
+        if not ok:
+            continue
+        limit = next((b.facts.get("max_running_requests") for b in ok
+                      if b.facts.get("max_running_requests")), None)
+        tok = {c: statistics.fmean(b.tok_s[c] for b in ok if c in b.tok_s)
+               for c in m.concurrency if any(c in b.tok_s for b in ok)}
+        rule.append(sum(se.level_seconds(c, v, limit, out_len, "rule") for c, v in tok.items()))
+        for c, v in tok.items():
+            rounds_s[c].append((min(c, limit) if limit else c) * out_len / max(v, 1e-9))
+    return {"fixed": len(m.concurrency) * (m.warmup_s + m.duration_s), "window": m.duration_s,
+            "rule": statistics.median(rule) if rule else None,
+            "round_s": {c: statistics.median(v) for c, v in rounds_s.items() if v}}
+
+
 def report_recorded(paths: Sequence[str], seeds: int,
                     say: Callable[[str], None] = print) -> None:
-    """The prediction error of the default sampler's model on each recorded landscape."""
+    """The prediction error of the default sampler's model on each recorded landscape, and
+    its measuring seconds per boot under the fixed windows and the rule."""
+    for path in paths:
+        sec = recorded_seconds(path)
+        rounds = ", ".join(f"C={c} {v:.1f} s" for c, v in sec["round_s"].items())
+        say(f"  measuring seconds per boot, recorded {Path(path).name}: fixed windows "
+            f"{sec['fixed']:.1f} s (a {sec['window']:g} s window; a round, median over the "
+            f"points: {rounds}) / the rule, modelled with the simulator's rounds per level: "
+            + ("-" if sec["rule"] is None else f"{sec['rule']:.1f} s"))
     for path in paths:
         errs = [e for seed in range(seeds) for e in recorded_errors(path, seed)]
         med = f"{statistics.median(errs):.1%} over {len(errs)} predicted levels" if errs \
@@ -213,6 +252,14 @@ def report(rows: Sequence[dict[str, Any]], say: Callable[[str], None] = print) -
             f"{sum(1 for r in rs if r['within']):>5}/{len(rs):<4} "
             f"{max(r['refused'] for r in rs):>11} {sum(r['skipped'] for r in rs):>7}   "
             + " ".join(f"{r['boots']}({r['at']:.1%})" for r in rs))
+    say("   measuring seconds per search, median (per boot), modelled "
+        "(search_efficiency.boot_seconds): fixed 1 s + 4 s windows / the rule (+-2%)")
+    for profile, rs in by.items():
+        med = {w: statistics.median(r["seconds"][w] for r in rs) for w in se.WINDOWS}
+        per = {w: statistics.median(r["seconds"][w] / r["boots"] for r in rs)
+               for w in se.WINDOWS}
+        say(f"   {profile:<20} " + " / ".join(f"{med[w]:6.0f} s ({per[w]:4.1f} s)"
+                                             for w in se.WINDOWS))
     seed = by.get("seed-qwen35-122b", [])
     if seed:
         ok_boots = all(r["boots"] <= TARGET_BOOTS and r["stopped"] for r in seed)

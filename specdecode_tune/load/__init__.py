@@ -6,12 +6,14 @@ Its modules build on each other in this order:
     sse          `SSEParser`: one incremental Server-Sent-Events parser for every server
     plan         `LevelPlan`: a closed loop at a concurrency, or an open loop at a rate
     stats        `summarize`: records -> `LevelSummary`; `level_failure`; pure
+    rounds       a level measured in whole rounds until known (batches, MSER, the stop); pure
     protocols    `Api`: each API's request body and the interpreter of each streamed event;
                  the OpenAI completions and chat format here, an engine's own API (SGLang's
                  /generate) and its stream fields in its backend (`backends.streamformat`)
     tally        request states -> `RequestRecord`s, and the tokens that arrived in the window
     client       `stream_request`: one streamed request, the per-chunk loop (aiohttp)
-    scheduler    `run_level`: the closed or open loop of one level, cut at the window end
+    scheduler    `run_level`: the closed or open loop of one level, cut at the window end or
+                 when `rounds` says the level is known
     measurement  `measure`: the trial's entry: one session, a warm-up, then each plan in order
 
 This facade imports nothing until a name is first used (PEP 562), so that the workload

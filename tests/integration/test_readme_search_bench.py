@@ -90,10 +90,21 @@ def test_one_real_search_is_counted_read_back_and_judged(rs: ModuleType, tmp_pat
     assert "of the model's optimum" in line and "vs the run's best median" in line
     assert "target: stops by itself" in out
     # The run dir is a real search's: its tables are there to read again.
-    assert (tmp_path / "runs" / "seed0" / "tables").is_dir()
+    assert (tmp_path / "runs" / "rule" / "seed0" / "tables").is_dir()
+    assert "measuring" in line and "s a boot" in line
 
 
 def test_a_real_engine_experiment_is_refused_before_any_run(rs: ModuleType) -> None:
     with pytest.raises(SystemExit) as e:
         rs.main(["--seeds", "1", "--experiment", "experiments/seed-sglang-eagle3.toml"])
     assert e.value.code == 2
+
+
+def test_the_fixed_variant_and_another_profile(rs: ModuleType) -> None:
+    text = (Path(__file__).resolve().parents[2] / "experiments" / "sim-default.toml").read_text()
+    fixed = rs.variant(text, "fixed", "bench-two-regime")
+    measure = fixed.split("[measure]")[1].split("\n[")[0]
+    assert "warmup_s = 1.0" in measure and "duration_s = 4.0" in measure
+    assert "precision" not in measure and "max_duration_s" not in measure
+    assert 'profile = "bench-two-regime"' in fixed and "seed-qwen35-122b\"" not in fixed
+    assert rs.variant(text, "rule", None).rstrip("\n") == text.rstrip("\n")

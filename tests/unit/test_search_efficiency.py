@@ -122,3 +122,20 @@ def test_a_search_counts_boots_not_answers_from_data(se: ModuleType) -> None:
     assert len(boots) == 12
     assert se.first_hit([truth.best - 1, truth.best], truth.threshold) == 2
     assert se.first_hit([truth.best - 1], truth.threshold) is None
+
+
+def test_a_boots_measuring_seconds_under_fixed_windows_and_the_rule(se: ModuleType) -> None:
+    truth = se.truth_of("seed-qwen35-122b")
+    best = truth.points[truth.optimum]
+    # The fixed windows: 1 s + 4 s at each of the four levels, whatever the point.
+    assert se.boot_seconds(truth, truth.optimum, "fixed") == pytest.approx(20.0)
+    # The rule: its rounds per level, a round being min(C, the running limit) requests of 256
+    # tokens at the level's tok/s (C=64 runs in waves of the limit).
+    expect = sum(se.RULE_ROUNDS[c] * min(c, best.limit) * 256 / best.tok_s[c]
+                 for c in (1, 16, 32, 64))
+    assert se.boot_seconds(truth, truth.optimum, "rule") == pytest.approx(expect)
+    assert best.limit < 64
+    # A refused boot measures nothing; the baseline's seconds come from its own speeds.
+    refused = next(k for k, p in truth.points.items() if not p.feasible)
+    assert se.boot_seconds(truth, refused, "rule") == 0.0
+    assert se.boot_seconds(truth, None, "rule") > se.boot_seconds(truth, truth.optimum, "rule")
