@@ -259,7 +259,9 @@ def _round_summary(records: list[RequestRecord], reqs: list[RequestState],
                         span=(lo, hi))
     note = summary.note
     if k.warmup:
-        note = _join(note, f"first {k.warmup} of {k.rounds} rounds left out as warm-up (MSER)")
+        note = _join(note, f"first {k.warmup} of {k.rounds} rounds left out as warm-up "
+                           f"(warmup_s, then MSER)" if plan.warmup_s else
+                     f"first {k.warmup} of {k.rounds} rounds left out as warm-up (MSER)")
     if not k.met(float(plan.precision or 0.0), plan.min_rounds):
         reached = ("no interval from one round" if k.tok_s.rel_half is None else
                    f"tok/s known to +-{k.tok_s.rel_half:.1%}"
