@@ -50,6 +50,7 @@ import sys
 import tarfile
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -359,11 +360,18 @@ def validate(plan: dict, work: Work) -> None:
 # 3. build, 4. install
 
 
-def build_state(work: Work) -> str:
-    rc = work.state / "build.rc"
+def job_state(work: Work, name: str) -> str:
+    """A background job's state (the build, the models' training, the pipeline): "ok" or
+    "failed" once it wrote its exit status to state/<name>.rc, else "running" while its pid
+    lives, else "none"."""
+    rc = work.state / f"{name}.rc"
     if rc.is_file():
         return "ok" if rc.read_text().strip() == "0" else "failed"
-    return "running" if alive(work.read("build.pid")) else "none"
+    return "running" if alive(work.read(f"{name}.pid")) else "none"
+
+
+def build_state(work: Work) -> str:
+    return job_state(work, "build")
 
 
 def start_build(work: Work, manifest: dict) -> None:
@@ -393,10 +401,7 @@ def engine_python(work: Work, engine: str) -> Path:
 
 
 def models_state(work: Work) -> str:
-    rc = work.state / "models.rc"
-    if rc.is_file():
-        return "ok" if rc.read_text().strip() == "0" else "failed"
-    return "running" if alive(work.read("models.pid")) else "none"
+    return job_state(work, "models")
 
 
 def sharegpt_site(work: Work, manifest: dict) -> Path | None:
@@ -410,7 +415,6 @@ def sharegpt_site(work: Work, manifest: dict) -> Path | None:
     site = work.root / "sharegpt-site"
     if not (site / ".done").is_file():
         shutil.rmtree(site, ignore_errors=True)
-        import zipfile
         with zipfile.ZipFile(wheel) as z:
             z.extractall(site)
         (site / ".done").write_text(wheel.name)
@@ -590,10 +594,7 @@ def env_for(work: Work, src: Path | None = None) -> dict[str, str]:
 
 
 def pipeline_state(work: Work) -> str:
-    rc = work.state / "pipeline.rc"
-    if rc.is_file():
-        return "ok" if rc.read_text().strip() == "0" else "failed"
-    return "running" if alive(work.read("pipeline.pid")) else "none"
+    return job_state(work, "pipeline")
 
 
 def start_pipeline(work: Work, plan: dict) -> None:

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..folders import whole_folder
 from .presets import PRESETS, Preset
 
 EVAL_ROWS = 64      # held-out sequences for the held-out loss
@@ -146,9 +144,7 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
                                               device)
     phases.done("report")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".", suffix=".tmp"))
-    try:
+    with whole_folder(out) as tmp:
         target.save_target(model, tok, tmp / "target", p)
         head.save_head(drafter, tmp / "eagle3", p)
         gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
@@ -191,15 +187,6 @@ def make(out: Path, p: Preset, *, seed: int = 0, sharegpt: str | None = None,
         rep["phase_seconds"] = dict(phases.times)
         rep["total_seconds"] = round(sum(phases.times.values()), 2)
         (tmp / "acceptance.json").write_text(json.dumps(rep, indent=2) + "\n")
-        tmp.chmod(0o755)
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            os.replace(out, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(report.table(rep))
     g = rep["greedy"]
     return (f"{out}: {p.name} preset on {rep['device']}: target {n_target / 1e6:.1f}M params "

@@ -8,9 +8,6 @@ the vLLM venv's python, which has them from vLLM.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..folders import whole_folder
 from .spec import CycleModelSpec, cycle_weights, make_spec
 
 # llama.cpp / GGUF tensor names -> HF LlamaForCausalLM state-dict names. Shapes are the same
@@ -127,20 +125,9 @@ def write_hf(out: Path, *, cycle: int = 32, noise: float = 0.0, dim: int = 256,
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>", model_max_length=spec.context_length)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".", suffix=".tmp"))
-    try:
+    with whole_folder(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         fast.save_pretrained(tmp)
         (tmp / "cycle_spec.json").write_text(json.dumps(asdict(spec)))
-        tmp.chmod(0o755)   # mkdtemp makes it private; a model directory is for reading
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            os.replace(out, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return spec
 
