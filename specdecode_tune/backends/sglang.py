@@ -19,6 +19,7 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.error
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, ClassVar
@@ -28,7 +29,7 @@ from ..enginecache import expand_path
 from ..errors import ConfigError
 from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
-from . import httpread, simargs
+from . import httpread, prometheus, simargs, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
@@ -359,6 +360,36 @@ def memory_facts(log_text: str) -> dict[str, float]:
     return {MEMORY_ROOM: round(max(0.0, left), 6), GRAPH_MEMORY: round(graphs, 6)}
 
 
+V1_LOADS = "/v1/loads?include=core"
+GENERATED = "sglang:generation_tokens_total"
+VERIFY_CALLS = "sglang:spec_verify_calls_total"
+
+
+def spec_counters(samples: Sequence[prometheus.Sample]) -> dict[str, float] | None:
+    """The two counters of a /metrics page whose deltas give a window's acceptance (each
+    summed over its labels), or None where the release writes no verify-call counter."""
+    found = {name: prometheus.total(samples, name) for name in (GENERATED, VERIFY_CALLS)}
+    gen, calls = found[GENERATED], found[VERIFY_CALLS]
+    return None if gen is None or calls is None else {GENERATED: gen, VERIFY_CALLS: calls}
+
+
+def _load_count(body: Any, keys: tuple[str, ...]) -> int | None:
+    """Requests running or waiting, summed over the DP ranks of a /v1/loads (its `loads`) or
+    /get_load answer; None where a rank lacks a count."""
+    ranks = body.get("loads", body) if isinstance(body, dict) and "loads" in body else body
+    if isinstance(ranks, dict):
+        ranks = [ranks]
+    if not isinstance(ranks, list) or not ranks:
+        return None
+    total = 0
+    for rank in ranks:
+        counts = [rank.get(k) if isinstance(rank, dict) else None for k in keys]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+            return None
+        total += sum(counts)
+    return total
+
+
 class SGLangBackend:
     name = "sglang"
     health_path = "/health"
@@ -369,11 +400,14 @@ class SGLangBackend:
         ("server_info.json", "/server_info"), ("health.txt", "/health"),
         ("health_generate.txt", "/health_generate"), ("get_load-idle.json", "/get_load"),
         ("v1_loads-idle.json", "/v1/loads?include=core"), ("model_info.json", "/model_info"))
-    load_path: ClassVar[str] = "/get_load"
+    load_path: ClassVar[str] = V1_LOADS
     request_headers: ClassVar[Mapping[str, str]] = {}
     failure_patterns: ClassVar[FailurePatterns] = FAILURE_PATTERNS
     stream_format: ClassVar[StreamFormat] = STREAM_FORMAT
     module = "sglang.launch_server"
+
+    def __init__(self) -> None:
+        self._no_v1_loads: set[str] = set()   # servers that answered 404 to /v1/loads
 
     def program(self, cfg: BackendConfig) -> str:
         return cfg.binary or cfg.python or sys.executable
@@ -576,23 +610,30 @@ class SGLangBackend:
                   timeout_s: float = 5.0) -> int | None:
         # Not the gauges sglang:num_running_reqs / num_queue_reqs: SGLang writes them on a
         # prefill, every 40th decode batch and after 30 s idle, so after a level's cut they keep
-        # their last value for up to 30 s. GET /get_load asks the scheduler now (0.5.10:
-        # http_server.py, scheduler_metrics_mixin.get_load): one item per DP rank, `num_reqs`
-        # = running + waiting. It needs the API key where one is set. From 0.5.11 it is a
-        # deprecated shim over /v1/loads with the same items and meaning (0.5.17
-        # http_server.py L809-835, load_inquirer.py `get_loads` L91-124), which logs a
-        # deprecation warning on each call.
+        # their last value for up to 30 s. The scheduler is asked now instead, one item per DP
+        # rank: GET /v1/loads?include=core from 0.5.11 (`num_running_reqs` +
+        # `num_waiting_reqs`; 0.5.17 http_server.py L809-835, load_inquirer.py `get_loads`
+        # L91-124), GET /get_load before it (0.5.10: `num_reqs` = running + waiting). From 0.5.11
+        # /get_load is a deprecated shim over the same items that logs "Endpoint '/get_load' is
+        # deprecated ..." on every call: 518 such lines in one 8 s level of the live 0.5.17
+        # server (tests/data/sglang-0.5.17/healthy-startup.log). A server that answers 404 to
+        # /v1/loads (an older release) is asked /get_load from then on. Both need the API key
+        # where one is set.
+        if base_url not in self._no_v1_loads:
+            try:
+                return _load_count(get_json(base_url + V1_LOADS, timeout_s, headers),
+                                   ("num_running_reqs", "num_waiting_reqs"))
+            except urllib.error.HTTPError as e:
+                if e.code != 404:
+                    return None
+                self._no_v1_loads.add(base_url)
+            except (OSError, ValueError):
+                return None
         try:
-            ranks = get_json(f"{base_url}/get_load", timeout_s, headers)
+            return _load_count(get_json(f"{base_url}/get_load", timeout_s, headers),
+                               ("num_reqs",))
         except (OSError, ValueError):
             return None
-        if isinstance(ranks, dict):
-            ranks = [ranks]
-        if not isinstance(ranks, list):
-            return None
-        counts = [r.get("num_reqs") for r in ranks if isinstance(r, dict)]
-        ints = [n for n in counts if isinstance(n, int)]
-        return sum(ints) if ints and len(ints) == len(counts) else None
 
     def refusal_advice(self, message: str) -> str:
         # SGLang 0.5.10 (server_args.py, _handle_mamba_radix_cache): a hybrid model (Qwen3.5,
@@ -610,14 +651,29 @@ class SGLangBackend:
 
     def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
                          ) -> dict[str, float] | None:
-        # SGLang's acceptance comes per request (meta_info); its /metrics gauge covers the
-        # last log interval, not a window, so there is nothing to difference.
-        return None
+        # The acceptance comes per request (meta_info); from 0.5.13 /metrics also has the two
+        # counters whose deltas give it over a window: `sglang:generation_tokens_total` and
+        # `sglang:spec_verify_calls_total`, both added when a request finishes, by its
+        # completion_tokens and its spec_verify_ct (0.5.17 metrics_collector.py L1486-1495,
+        # L1713-1727; tokenizer_manager.py L2866-2893). Not the `spec_accept_length` gauge: it
+        # is the last decode log interval's, not a window's. None before 0.5.13 (no counter).
+        samples = speccounters.read_samples(base_url, headers=headers)
+        return None if samples is None else spec_counters(samples)
 
     def window_acceptance(self, before: Mapping[str, float] | None,
                           after: Mapping[str, float] | None
                           ) -> tuple[float | None, tuple[int, ...]]:
-        return None, ()
+        # Tokens per verify call over the requests that finished in the window: the
+        # completion-weighted mean of their final chunks' spec_accept_length (= completion_tokens
+        # / spec_verify_ct). Seen live (0.5.17, H100): 95203 / 30430 = 3.13 against 3.12 from
+        # the same level's final chunks. No histogram: SGLang has no counter of one.
+        if not before or not after:
+            return None, ()
+        d_calls = after.get(VERIFY_CALLS, 0.0) - before.get(VERIFY_CALLS, 0.0)
+        d_gen = after.get(GENERATED, 0.0) - before.get(GENERATED, 0.0)
+        if d_calls <= 0 or d_gen < 0:
+            return None, ()
+        return d_gen / d_calls, ()
 
 
 class SimBackend(SGLangBackend):

@@ -90,7 +90,7 @@ def render(scheduler: Scheduler, model_name: str, version: str = EMULATED_VERSIO
     sample("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
            c.prompt_tokens)
     sample("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-           c.generation_tokens)
+           c.finished_generation_tokens)
     sample("sglang:num_requests_total", "counter", "Number of requests finished.",
            c.requests_finished)
     sample("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.",

@@ -15,6 +15,7 @@ Copies of the SGLang backend's knowledge (`backends/sglang.py`; docs/engines-sgl
   names kept as aliases).
 - /metrics: `sglang:spec_num_steps`, `sglang:spec_num_draft_tokens` (gauges) and
   `sglang:spec_verify_calls_total` (a counter) from 0.5.13.
+- /v1/loads from 0.5.11, where /get_load logs a deprecation line on every call.
 - /server_info's `internal_states[0].memory_usage`: from 0.5.17 `graph` is a dict by capture
   phase (the draft's included) and `startup_available` is added (nothing of the project reads
   either).
@@ -31,6 +32,10 @@ KV_NO_BUDGET_SINCE = "0.5.14"
 CAPTURE_HINT_SINCE = "0.5.14"
 SPEC_METRICS_SINCE = "0.5.13"
 MEMORY_USAGE_BY_PHASE_SINCE = "0.5.17"
+# /v1/loads, and /get_load as its deprecated shim (the backend's in_flight reads the former).
+V1_LOADS_SINCE = "0.5.11"
+GET_LOAD_DEPRECATED = ("Endpoint '/get_load' is deprecated and will be removed in a future "
+                       "version. Please use '/v1/loads' instead.")
 
 # (since, accepted, proposed, histogram names), newest first: the backend's SPEC_FIELD_NAMES.
 SPEC_FIELD_NAMES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (

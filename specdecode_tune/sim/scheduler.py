@@ -99,6 +99,11 @@ class Counters:
     interval_num_steps: int = 0
     interval_num_draft_tokens: int = 0
     finished_verify_ct: int = 0
+    # the tokens of finished requests: what SGLang's sglang:generation_tokens_total counts (it
+    # adds a request's completion_tokens when it finishes, every release: 0.5.10.post1
+    # metrics_collector.py L1330, 0.5.17 L1724), so that its delta over the verify calls' is
+    # the window's acceptance length; generation_tokens counts them as they are made
+    finished_generation_tokens: int = 0
     ttft: Histogram = field(default_factory=Histogram.latency)
     itl: Histogram = field(default_factory=Histogram.inter_token)
     e2e: Histogram = field(default_factory=Histogram.latency)
@@ -390,6 +395,7 @@ class Scheduler:
         c = self.counters
         c.requests_finished += 1
         c.finished_verify_ct += req.verify_ct
+        c.finished_generation_tokens += req.generated
         c.e2e.observe(now - req.created)
 
 

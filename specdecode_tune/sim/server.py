@@ -264,10 +264,27 @@ class Routes:
 
     async def get_load(self, request: web.Request) -> web.Response:
         # SGLang 0.5.10's /get_load: one item per DP rank (one here), asked of the scheduler now.
+        # From 0.5.11 a deprecated shim over /v1/loads that says so in the log on every call.
         sched = self._scheduler()
+        if releases.at_least(self.sim.version, releases.V1_LOADS_SINCE):
+            log.warning(releases.GET_LOAD_DEPRECATED)
         return web.json_response([{"dp_rank": 0, "num_reqs": sched.load(),
                                    "num_waiting_reqs": len(sched.waiting),
                                    "num_tokens": sched.kv_reserved}])
+
+    async def v1_loads(self, request: web.Request) -> web.Response:
+        # SGLang 0.5.11+'s /v1/loads (the fields 0.5.17 answered with on the GPU machine,
+        # tests/data/sglang-0.5.17/v1_loads-idle.json); 404 before 0.5.11, as there.
+        if not releases.at_least(self.sim.version, releases.V1_LOADS_SINCE):
+            raise web.HTTPNotFound()
+        sched = self._scheduler()
+        facts = self.sim.facts
+        running = sched.load() - len(sched.waiting)
+        return web.json_response({"version": self.sim.version, "loads": [{
+            "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": len(sched.waiting),
+            "num_used_tokens": sched.kv_reserved,
+            "max_total_num_tokens": facts.max_total_num_tokens if facts else None,
+            "max_running_requests": facts.max_running_requests if facts else None}]})
 
     async def metrics(self, request: web.Request) -> web.Response:
         name = self.sim.args["served_model_name"]
@@ -397,6 +414,7 @@ def make_app(sim: SimServer) -> web.Application:
         app.router.add_get(path, routes.model_info)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/get_load", routes.get_load)
+    app.router.add_get("/v1/loads", routes.v1_loads)
     app.router.add_route("*", "/flush_cache", routes.flush_cache)
     app.router.add_post("/generate", routes.generate)
     app.router.add_post("/v1/completions", routes.completions)

@@ -450,10 +450,14 @@ def test_sigterm_during_boot() -> None:
         assert time.monotonic() - t0 < 3
 
 
-def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag() -> None:
+@pytest.mark.parametrize("version", [None, "0.5.17"])
+def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag(version: str | None
+                                                                         ) -> None:
     """SGLang's num_running_reqs / num_queue_reqs are the last stats it wrote (each prefill,
     every 40th decode batch, 30 s after going idle): after a level's requests are cut they keep
-    their value. The drain asks /get_load, which is current: it ends within 2 s of the cut."""
+    their value. The drain asks the scheduler, which is current: it ends within 2 s of the cut.
+    0.5.10 has /get_load only (/v1/loads is a 404 there); 0.5.17 is asked /v1/loads, so its
+    log gets none of the deprecation lines /get_load writes on every call."""
     body = {"text": "w " * 100, "stream": True,
             "sampling_params": {"max_new_tokens": 5000, "temperature": 0, "ignore_eos": True}}
 
@@ -469,10 +473,12 @@ def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag() -> Non
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    with run_sim(*SPEC4, *FAST) as (base, proc):
+    release = ("--sglang-version", version) if version else ()
+    with run_sim(*SPEC4, *FAST, *release) as (base, proc):
         asyncio.run(cut_level(base))
         t_cut = time.monotonic()
-        left, waited = drain(lambda: SimBackend().in_flight(base), 5.0)
+        backend = SimBackend()
+        left, waited = drain(lambda: backend.in_flight(base), 5.0)
         drained_in = time.monotonic() - t_cut
         gauges = in_flight(base, ("sglang:num_running_reqs", "sglang:num_queue_reqs"))
         print(f"drained in {drained_in:.3f} s after the cut; lagging gauges say {gauges}")
@@ -480,3 +486,7 @@ def test_the_drain_after_a_cut_level_ends_at_once_though_the_gauges_lag() -> Non
         # The gauges still say what the last stats said: a drain on them would wait ~30 s.
         assert gauges is not None and gauges > 0, gauges
         assert proc.poll() is None
+        assert (base in backend._no_v1_loads) is (version is None)
+        if version:
+            assert _get(base + "/get_load")[0] == 200
+            assert sim_log(proc).count("Endpoint '/get_load' is deprecated") == 1

@@ -45,9 +45,9 @@ def test_vllm_reads_its_own_paths_and_polls_its_gauges() -> None:
     assert not keep("vllm:num_requests_waiting_by_reason{reason=\"capacity\"} 0.0")
     assert not keep("vllm:spec_decode_num_drafts_total 7.0")
     assert not keep("# HELP vllm:num_requests_running Number of requests")
-    # SGLang's /get_load answer is kept whole.
+    # SGLang's /v1/loads answer is kept whole (0.5.11+; /get_load is its deprecated shim).
     assert er.load_lines(BACKENDS["sglang"]) is None
-    assert BACKENDS["sglang"].load_path == "/get_load"
+    assert BACKENDS["sglang"].load_path == "/v1/loads?include=core"
 
 
 def test_the_script_names_no_engine_path_of_its_own() -> None:

@@ -68,7 +68,8 @@ def test_the_simulators_final_chunk_has_the_releases_names(version: str) -> None
 @pytest.mark.parametrize(("version", "shown"), [("0.5.10.post1", False), ("0.5.17", True)])
 def test_the_simulators_metrics_of_each_release(version: str, shown: bool) -> None:
     counters = SimpleNamespace(
-        prompt_tokens=1, generation_tokens=2, requests_finished=1, requests_aborted=0,
+        prompt_tokens=1, generation_tokens=2, finished_generation_tokens=2, requests_finished=1,
+        requests_aborted=0,
         interval_gen_throughput=3.0, interval_accept_length=2.5, interval_num_steps=5,
         interval_num_draft_tokens=6, finished_verify_ct=7,
         ttft=SimpleNamespace(count=0), itl=SimpleNamespace(count=0), e2e=SimpleNamespace(count=0))
