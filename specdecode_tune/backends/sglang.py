@@ -361,6 +361,8 @@ def memory_facts(log_text: str) -> dict[str, float]:
 
 
 V1_LOADS = "/v1/loads?include=core"
+NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+                        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 GENERATED = "sglang:generation_tokens_total"
 VERIFY_CALLS = "sglang:spec_verify_calls_total"
 
@@ -451,7 +453,12 @@ class SGLangBackend:
         return f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
 
     def env(self, cfg: BackendConfig, run_dir: str | None = None) -> dict[str, str]:
-        return dict(cfg.env)
+        # A trial ends its server by SIGTERM to the process group, so the scheduler exits
+        # first and the launcher takes that for a crash: from 0.5.13 it then sleeps 5 s "before
+        # crash diagnostics" (py-spy and CUDA coredumps of schedulers already gone; 0.5.17
+        # tokenizer_manager.py L2979-3065, both switches on by default in environ.py L1031-1032):
+        # 5 s of every boot on the H100 (docs/gpu-runs.md). The experiment's own env wins.
+        return {**NO_CRASH_DIAGNOSTICS, **cfg.env}
 
     def validate(self, cfg: BackendConfig) -> None:
         """A hybrid model's speculation refused at every boot (when its config.json is on this

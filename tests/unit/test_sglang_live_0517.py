@@ -171,3 +171,16 @@ def test_the_adaptive_schedule_switched_steps_by_batch_size(name: str, steps: fl
     assert prometheus.total(samples, "sglang:spec_num_draft_tokens") == drafts
     config = json.loads(text("adaptive-config.json"))
     assert config == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [1]}}
+
+
+def test_a_trials_stop_no_longer_waits_for_crash_diagnostics() -> None:
+    """The group's SIGTERM reached the scheduler first and the launcher slept 5 s "before crash
+    diagnostics" at the end of every boot; the backend turns both switches off (0.5.13+), and
+    an experiment that sets them keeps its own."""
+    assert "Sleeping 5 seconds before crash diagnostics" in text("stop-by-group-sigterm.log")
+    from specdecode_tune.config import BackendConfig
+    env = SGLANG.env(BackendConfig(kind="sglang", model_path="m"))
+    assert env["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == env["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"
+    mine = BackendConfig(kind="sglang", model_path="m",
+                         env={"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "1"})
+    assert SGLANG.env(mine)["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "1"
