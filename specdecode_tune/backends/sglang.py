@@ -378,17 +378,18 @@ def spec_counters(samples: Sequence[prometheus.Sample]) -> dict[str, float] | No
 def _load_count(body: Any, keys: tuple[str, ...]) -> int | None:
     """Requests running or waiting, summed over the DP ranks of a /v1/loads (its `loads`) or
     /get_load answer; None where a rank lacks a count."""
-    ranks = body.get("loads", body) if isinstance(body, dict) and "loads" in body else body
+    ranks = body["loads"] if isinstance(body, dict) and "loads" in body else body
     if isinstance(ranks, dict):
         ranks = [ranks]
     if not isinstance(ranks, list) or not ranks:
         return None
     total = 0
     for rank in ranks:
-        counts = [rank.get(k) if isinstance(rank, dict) else None for k in keys]
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
-            return None
-        total += sum(counts)
+        for key in keys:
+            n = rank.get(key) if isinstance(rank, dict) else None
+            if not isinstance(n, int) or isinstance(n, bool):
+                return None
+            total += n
     return total
 
 
