@@ -54,7 +54,7 @@ from specdecode_tune.samplers.model import (
 )
 from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
-from specdecode_tune.space import STEPS, DefineByRun, ParamSpec, resolve
+from specdecode_tune.space import DRAFT, STEPS, TOPK, DefineByRun, ParamSpec, as_served, resolve
 
 DATA = Path(__file__).resolve().parent / "data"
 META_KEY = b"landscape"
@@ -104,8 +104,12 @@ class Landscape:
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
 
-    def key_of(self, sampled: dict[str, Any]) -> Key:
-        return tuple(sampled[n] for n in self.names)
+    def key_of(self, sampled: dict[str, Any]) -> Key | None:
+        """The recorded point a sampled one is, as the server runs it (topk 1's draft tokens
+        are not sampled: steps + 1); None where the draft tree cannot hold it."""
+        served = as_served({**resolve(sampled, {}), **sampled}
+                           if TOPK in self.names and DRAFT in self.names else sampled)
+        return None if served is None else tuple(served[n] for n in self.names)
 
     def draw(self, key: Key, seed: int, nth: int) -> Boot:
         """The recorded repeat the `nth` boot (0, 1, ...) of `key` in search `seed` sees."""
@@ -214,8 +218,12 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
                          f"landscape needs it to score the other points")
     if not points:
         raise ValueError(f"{path}: no point with {STEPS} >= 1 recorded")
-    grid = list(product(*(tuple(v for v in vals if not (n == STEPS and v == 0))
-                          for n, vals in axes)))
+    grid = [k for k in (tuple(p[n] for n in names) if p is not None else None
+                        for p in (as_served(dict(zip(names, combo, strict=True)))
+                                  for combo in product(*(
+                                      tuple(v for v in vals if not (n == STEPS and v == 0))
+                                      for n, vals in axes))))
+            if k is not None]
     missing = [k for k in grid if k not in points]
     if missing:
         raise ValueError(f"{path}: {len(missing)} of the {len(grid)} grid points have no "
@@ -294,11 +302,20 @@ def run_search(land: Landscape, sampler_name: str, seed: int, budget: int,
     known: dict[Key, float | None] = {}
     nth: dict[Key, int] = {}
     boots: list[float] = []
-    duplicates = 0
+    duplicates = refused = 0
     while len(boots) < budget:
         trial = study.ask()
         space(trial)
         key = land.key_of(trial.params)
+        if key is None:
+            # a tree too small for its draft tokens: the trial refuses it without a boot
+            _tell(study, trial, None)
+            refused += 1
+            if refused > MAX_REFUSED:
+                raise RuntimeError(f"{sampler_name}: {MAX_REFUSED} points in a row the draft "
+                                   f"tree cannot hold; the sampler does not learn the rule")
+            continue
+        refused = 0
         if key in known and duplicates < MAX_DUPLICATES:
             duplicates += 1
             _tell(study, trial, known[key])
@@ -322,6 +339,9 @@ def run_search(land: Landscape, sampler_name: str, seed: int, budget: int,
         boots.append(land.scores[key])
         _tell(study, trial, value)
     return boots
+
+
+MAX_REFUSED = 1000
 
 
 def _tell(study: Any, trial: Any, value: float | None) -> None:

@@ -54,7 +54,7 @@ from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.enginecache import expand_path
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.records import TrialResult
-from specdecode_tune.space import STEPS, resolve
+from specdecode_tune.space import STEPS, as_served, resolve
 from specdecode_tune.store import rundir
 from specdecode_tune.trial import TrialContext, run_trial
 
@@ -112,7 +112,9 @@ def parse_axis(text: str) -> tuple[str, list[int | float | str]]:
 
 def grid_points(axes: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any]]:
     """Every point of the grid: the baseline once (if steps 0 is on the axis), then the
-    product of the axes for steps >= 1."""
+    product of the axes for steps >= 1, each as the server runs it (`space.as_served`: with
+    topk and draft-token axes, topk 1's points once, at steps + 1 draft tokens; points the
+    draft tree cannot hold left out)."""
     if not axes or axes[0][0] != STEPS:
         raise ConfigError(f"--axis: the first axis must be {STEPS} (the draft length)")
     names = [n for n, _ in axes]
@@ -122,8 +124,14 @@ def grid_points(axes: Sequence[tuple[str, Sequence[Any]]]) -> list[dict[str, Any
     if 0 in axes[0][1]:
         points.append({STEPS: 0})
     steps = [v for v in axes[0][1] if v != 0]
+    seen: set[str] = set()
     for combo in product(steps, *(vals for _, vals in axes[1:])):
-        points.append(dict(zip(names, combo, strict=True)))
+        # SGLang's EAGLE axes: topk 1 forces the draft tokens, and a tree too small for the
+        # draft tokens is refused before any boot: such points are one point, or none.
+        point = as_served(dict(zip(names, combo, strict=True)))
+        if point is not None and point_id(point) not in seen:
+            seen.add(point_id(point))
+            points.append(point)
     return points
 
 

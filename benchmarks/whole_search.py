@@ -160,6 +160,10 @@ def recorded_errors(path: str, seed: int, budget: int = 12) -> list[float]:
         trial = study.ask()
         space(trial)
         key = land.key_of(trial.params)
+        if key is None:          # the draft tree cannot hold it: refused without a boot
+            trial.set_constraint("feasible", 1.0)
+            study.tell(trial, INFEASIBLE_SCORE)
+            continue
         predicted = study.sampler.predict(study, dict(trial.params))
         nth[key] = nth.get(key, -1) + 1
         boot = land.draw(key, seed, nth[key])

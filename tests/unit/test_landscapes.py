@@ -441,3 +441,48 @@ def test_boots_to_a_resampled_optimum(land_mod: ModuleType, table: Path) -> None
     assert land_mod.resampled_hit(path, [(3, 2), (1, 1)]) is None
     assert land_mod.resampled_hit(path, [(3, 2), (1, 2), (2, 1)]) in (2, 3)
     assert land_mod.resampled_hit(path, [(1, 2), (2, 1)]) in (1, 2)
+
+
+# ------------------------------------------------------------- SGLang's EAGLE axes (topk, draft)
+
+TOPK = "speculative_eagle_topk"
+DRAFT = "speculative_num_draft_tokens"
+SIM = Path(__file__).resolve().parents[2] / "experiments" / "sim-default.toml"
+
+
+def test_eagle_grid_points_are_the_points_a_server_runs(rec: ModuleType) -> None:
+    """topk 1 forces steps + 1 draft tokens (one point per steps, whatever the draft axis
+    says); a tree too small for its draft tokens (steps 2, topk 2 holds at most 7) is left
+    out: no boot is spent on a duplicate or on a refusal known in advance."""
+    points = rec.grid_points([(STEPS, [0, 2, 4]), (TOPK, [1, 2]), (DRAFT, [4, 8])])
+    got = [(p[STEPS], p.get(TOPK), p.get(DRAFT)) for p in points]
+    assert got == [(0, None, None), (2, 1, 3), (2, 2, 4), (4, 1, 5), (4, 2, 4), (4, 2, 8)]
+
+
+def test_an_eagle_landscape_records_and_replays(rec: ModuleType, land_mod: ModuleType,
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded on the EAGLE axes, replayed by a sampler that proposes topk 1 points without a
+    draft count and topk 2 trees too small for theirs: every proposal maps to a recorded point
+    or is refused without a boot."""
+    def fake_trial(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
+        steps = sampled.get(STEPS, 0)
+        tok = 100.0 + 10 * steps * (sampled.get(TOPK) or 0) + ctx.repeat
+        return TrialResult("t", dict(sampled), "ok", facts=ServerFacts(16384, 4, boot_s=0.5),
+                           levels=tuple(level(c, tok * c) for c in (1, 16, 32, 64)),
+                           wall_s=5.0, repeat=ctx.repeat)
+
+    monkeypatch.setattr(rec, "run_trial", fake_trial)
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    out = tmp_path / "eagle.parquet"
+    assert rec.main(["--experiment", str(SIM), "--axis", f"{STEPS}=0,2,4",
+                     "--axis", f"{TOPK}=1,2", "--axis", f"{DRAFT}=4,8", "--repeats", "2",
+                     "--out", str(out),
+                     "--run-dir", str(tmp_path / "runs")]) == 0
+    land = land_mod.load_landscape(out)
+    assert sorted(land.points) == [(2, 1, 3), (2, 2, 4), (4, 1, 5), (4, 2, 4), (4, 2, 8)]
+    assert land.key_of({STEPS: 2, TOPK: 1}) == (2, 1, 3)
+    assert land.key_of({STEPS: 2, TOPK: 2, DRAFT: 8}) is None
+    boots = land_mod.run_search(land, "random", seed=0, budget=6)
+    assert len(boots) == 6 and all(b in land.scores.values() for b in boots)
