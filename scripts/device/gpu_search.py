@@ -306,6 +306,11 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
     if args.record:
         # Not a search: every point of a grid booted with repeats (benchmarks/
         # record_landscape.py; the arguments after `--` are its --axis, --repeats, ...).
+        # --record-onto: a table an earlier session recorded (in the repository, so it travels
+        # with the working tree), continued here: its points and repeats are not booted again.
+        table = work.results / LANDSCAPE
+        if args.record_onto and not table.exists():
+            shutil.copyfile(REPO / args.record_onto, table)
         argv = [sys.executable, "benchmarks/record_landscape.py", "--experiment", str(run_exp),
                 "--out", str(work.results / LANDSCAPE), "--run-dir",
                 str(work.runs / "landscape"), *args.search_args]
@@ -939,6 +944,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="record the experiment's landscape (benchmarks/record_landscape.py, "
                          "its arguments after --) instead of searching; the table comes back "
                          f"as {LANDSCAPE}")
+    ap.add_argument("--record-onto", default=None, metavar="TABLE",
+                    help="with --record: continue this recorded table (a path in the "
+                         "repository, e.g. benchmarks/data/sglang-gpu-h100.parquet, brought "
+                         "back by an earlier session) instead of starting an empty one")
     ap.add_argument("--readings", default=None, metavar="ARGS",
                     help="before the search, hold the backend's readings against the live "
                          "server: scripts/device/engine_readings.py with these arguments (one "
@@ -961,6 +970,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def call(args: argparse.Namespace, work: Work) -> int:
+    if args.record_onto and not (args.record and (REPO / args.record_onto).is_file()):
+        say(f"--record-onto {args.record_onto}: " + (
+            "needs --record" if not args.record else
+            "no such file in the repository (give the recorded table's path from its root, "
+            "committed or not, e.g. benchmarks/data/sglang-gpu-h100.parquet)"))
+        return 2
     gpus = gpus_here()
     say(f"machine: {len(gpus)} GPU(s) {gpus[:1]}, {os.cpu_count()} cores, python "
         f"{sys.version.split()[0]}; work dir {work.root}")

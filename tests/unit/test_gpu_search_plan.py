@@ -24,7 +24,7 @@ def _gpu_search():
 def _args(**kw) -> argparse.Namespace:
     base = dict(experiment="experiments/sglang-gpu.toml", gpus_per_trial=None,
                 max_concurrent=None, max_trials=None, no_check=False, record=False,
-                readings=None, search_args=[])
+                record_onto=None, readings=None, search_args=[])
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -100,3 +100,20 @@ def test_set_key_writes_strings_as_toml_strings():
     gs = _gpu_search()
     text = gs.set_key('[backend]\nkind = "sglang"\n', "backend", "python", '/a "b"/python')
     assert tomllib.loads(text)["backend"]["python"] == '/a "b"/python'
+
+
+def test_a_recording_continues_the_table_an_earlier_session_brought_back(tmp_path):
+    """--record-onto: the table in the repository is where record_landscape.py goes on (its
+    points and repeats are not booted again); without --record, or with no such file, the call
+    says so and stops (exit 2) before anything is staged."""
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    table = "benchmarks/data/llamacpp-cpu-ngram.parquet"
+    plan = gs.make_plan(_args(record=True, record_onto=table,
+                              search_args=["--axis", "speculative_num_steps=0-2"]), work, 1)
+    out = work.results / gs.LANDSCAPE
+    assert out.read_bytes() == (REPO / table).read_bytes()
+    argv = plan["search_argv"]
+    assert argv[1] == "benchmarks/record_landscape.py" and argv[argv.index("--out") + 1] == str(out)
+    for bad in (_args(record_onto=table), _args(record=True, record_onto="no/such.parquet")):
+        assert gs.call(bad, gs.Work(tmp_path / "other")) == 2
