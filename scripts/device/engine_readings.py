@@ -348,8 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         step(f"point-{i}", lambda p=point, i=i: other_point(
             exp, backend, resolve(p, exp.backend.flags), out, raw, f"-{i}"))
     if args.argcheck:
-        pts = [resolve({**base_point, **parse_sets(c.split(","), types)}, exp.backend.flags)
-               for c in args.argcheck]
+        # What the person wrote wins over the space's completion of the triple (resolve sets
+        # topk 1's draft tokens to steps + 1): the point is SGLang's to judge as written.
+        pts = [{**resolve({**base_point, **asked}, exp.backend.flags), **asked}
+               for asked in (parse_sets(c.split(","), types) for c in args.argcheck)]
         step("argcheck", lambda: argcheck(exp, backend, pts))
     for i, change in enumerate(args.refuse):
         point = {**base_point, **parse_sets(change.split(","), types)}
