@@ -99,7 +99,7 @@ def test_bad_experiment_in_process(path: Path, tmp_path: Path, monkeypatch: pyte
     assert lines[0].startswith("error: ") and c.expect in lines[0], lines[0]
     assert out == ""
     assert snapshot(tmp_path) == before, "something was written"
-    assert wall < 10
+    assert wall < 30       # a guard against going on into a boot, not a speed target
 
 
 # Through the real command line: the ones that get furthest before failing.
@@ -127,4 +127,5 @@ def test_bad_experiment_on_the_command_line(name: str, tmp_path: Path) -> None:
     assert out.stdout == ""
     assert not left, f"processes started: {left}"
     assert snapshot(tmp_path) == before
-    assert wall < 10, f"{wall:.1f} s"
+    # a guard against a search that goes on into a boot, not a speed target (loaded machines)
+    assert wall < 30, f"{wall:.1f} s"
