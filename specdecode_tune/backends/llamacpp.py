@@ -56,6 +56,7 @@ from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, speccounters
 from .failurepatterns import FailurePatterns
 from .files import LocalFile
+from .schedule import ScheduleAsk
 from .sglang import flag_args, get_json
 from .streamformat import StreamFormat
 from .tokenize_endpoint import LLAMA_SERVER, TokenizeEndpoint
@@ -242,6 +243,9 @@ class LlamaCppBackend:
 
     def refusal_advice(self, message: str) -> str:
         return ""
+
+    def schedule_file(self, cfg: BackendConfig | None, ask: ScheduleAsk | None) -> None:
+        return None     # llama.cpp reads no per-batch-size schedule: no format to write
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:

@@ -25,7 +25,7 @@ from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
 from specdecode_tune.report.data import read_run
-from specdecode_tune.report.recommend import recommend, schedule
+from specdecode_tune.report.recommend import Schedule, recommend, schedule
 from specdecode_tune.report.verdicts import shape, verdicts
 from specdecode_tune.space import resolve
 
@@ -407,6 +407,20 @@ def test_no_experiment_means_no_command_and_says_why(tmp_path: Path) -> None:
     assert "no launch command: no experiment.toml in the run dir" in md
 
 
+def content(s: Schedule, engine: str) -> Any:
+    """The JSON of that engine's schedule file, as its backend wrote it."""
+    f = s.file(engine)
+    assert f is not None, engine
+    return f.content
+
+
+def command(s: Schedule, engine: str) -> str:
+    """That engine's command for its file ('' where it has none)."""
+    f = s.file(engine)
+    assert f is not None, engine
+    return f.command or ""
+
+
 def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     # steps=5 is +8.3% at C=1 (beyond noise) and -30% at C=16: a schedule pays.
     seed_run(tmp_path, curve={**SEED, 5: {1: 300, 16: 1119}})
@@ -420,20 +434,22 @@ def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     # Keys are running batches: the schedule server has steps 5's KV pool, whose running limit
     # (11) is what C=16 runs; a batch between 1 and 11 takes the steps of the nearer level in
     # log scale, so C=16's slot starts at ceil(sqrt(1 * 11)) = 4 (its dips below 11 stay in it).
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
-    assert s.trtllm == {1: 5, 3: 5, 11: 4}
-    assert s.vllm == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
+    assert content(s, "sglang") == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
+    assert content(s, "trtllm")["draft_len_schedule"] == {1: 5, 3: 5, 11: 4}
+    assert content(s, "vllm") == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
                       "num_speculative_tokens": 5,
                       "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 4, 4]]}
-    assert s.sglang_command is not None
+    assert command(s, "sglang")
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
-           "--speculative-num-draft-tokens 6" in s.sglang_command
+           "--speculative-num-draft-tokens 6" in command(s, "sglang")
     assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" \
-        in s.sglang_command
+        in command(s, "sglang")
     out = write_report(str(tmp_path))
     paths = {Path(p).name: p for p in out.schedule_paths}
-    assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == s.sglang
-    assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == s.vllm
+    assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == \
+        content(s, "sglang")
+    assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == \
+        content(s, "vllm")
 
 
 @pytest.mark.parametrize(("version", "words"), [
@@ -453,8 +469,8 @@ def test_schedule_command_only_for_a_release_that_takes_it(tmp_path: Path, versi
         (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
             "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1))
     s = schedule(read_run(str(tmp_path)))
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
-    assert s.sglang_command is None
+    assert content(s, "sglang") == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
+    assert command(s, "sglang") == ""
     note = next(n for n in s.notes if n.startswith("No SGLang schedule command"))
     assert words in note and "needs SGLang >= 0.5.13" in note
     out = write_report(str(tmp_path))
@@ -467,7 +483,7 @@ def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) ->
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps, e.within_noise) for e in s.entries] == [(1, 5, True), (16, 4, False)]
     assert [(e.c, e.steps, e.kept_static) for e in s.chain] == [(1, 4, True), (16, 4, False)]
-    assert s.sglang == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [4]}}
+    assert content(s, "sglang") == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [4]}}
     assert any("only within noise" in n for n in s.notes)
     assert any("equals the static config" in n for n in s.notes)
 
@@ -478,8 +494,8 @@ def test_schedule_keeps_no_speculation_where_the_baseline_wins(tmp_path: Path) -
     run.add("b", {"speculative_num_steps": 2}, {1: 186, 16: 990})
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps) for e in s.chain] == [(1, 3), (16, 0)]
-    assert s.sglang == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
+    assert content(s, "sglang") == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}
+    assert content(s, "vllm")["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
 
 
 def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> None:
@@ -499,7 +515,7 @@ def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> N
     assert s.withheld is not None
     assert "at C=1 -20.9%;" in s.withheld and "C=16" not in s.withheld
     assert s.withheld.endswith("recommended: the static config")
-    assert s.sglang is None and s.vllm is None and s.trtllm is None
+    assert s.files == ()
     out = write_report(str(tmp_path))
     assert not any(line.startswith("Per-level schedule") for line in out.summary_lines)
     assert s.withheld + "." in out.summary_lines
@@ -556,13 +572,13 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
         "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
     assert '"num_speculative_tokens":3' in rec.command
     s = schedule(data)
-    assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
+    assert content(s, "vllm")["method"] == "mtp"      # the backend's name for NEXTN
+    assert content(s, "vllm")["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
     # The vLLM backend's own command (its flags as the static launch command has them).
-    assert s.vllm_command is not None and "--gpu-memory-utilization 0.9" in s.vllm_command
-    assert '"num_speculative_tokens":5' in s.vllm_command
-    assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in s.vllm_command
-    assert s.sglang_command is None      # not an SGLang experiment: the JSON only
+    assert "--gpu-memory-utilization 0.9" in command(s, "vllm")
+    assert '"num_speculative_tokens":5' in command(s, "vllm")
+    assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in command(s, "vllm")
+    assert command(s, "sglang") == ""      # not an SGLang experiment: the JSON only
     # ... and the backend's own line on why the file boots nothing here.
     assert any(n.startswith("vLLM's per-batch-size K (in --speculative-config) is not booted")
                for n in s.notes)
@@ -570,8 +586,8 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
         'kind = "sim"', 'kind = "sglang"\nspeculative_algorithm = "NEXTN"'))
     s = schedule(read_run(str(tmp_path)))
-    assert s.vllm is not None and s.vllm["method"] == "mtp"
-    assert s.vllm_command is not None and s.vllm_command.startswith(
+    assert content(s, "vllm")["method"] == "mtp"
+    assert command(s, "vllm").startswith(
         "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
 
 
