@@ -208,8 +208,8 @@ def run_trial(
             memory = backend.memory_facts(srv.log_tail(BOOT_LOG_BYTES))
             if memory:
                 facts = dataclasses.replace(facts, extra={**facts.extra, **memory})
-            # vLLM does not report its running limit: then the flag we set is the limit.
-            limit = facts.max_running_requests or params.get("max_running_requests")
+            # What the server runs at once (the backend knows where its engine says it).
+            limit = backend.running_limit(facts, params)
             if isinstance(limit, int) and limit > 0:
                 # A level measured in rounds: a loop over the limit is served in waves of it.
                 plans = [dataclasses.replace(p, round_size=limit) if p.by_rounds else p

@@ -92,6 +92,11 @@ class Backend(Protocol):
         sees the closed connection): the signal must be current, not a gauge of the last log
         interval."""
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        """The requests the booted server runs at once (a closed loop over it queues): what it
+        said of itself (`facts`), else the setting this engine's flag was given from
+        `params` (None where neither says)."""
+
     def refusal_advice(self, message: str) -> str:
         """What to set in the experiment for an argument refusal the server gives every point
         ('' where this engine knows no remedy for it)."""

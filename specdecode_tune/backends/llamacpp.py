@@ -241,6 +241,10 @@ class LlamaCppBackend:
         # its queue), so they are current (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # /props' slots (read_facts); where unread, the --parallel it was given.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         return ""
 

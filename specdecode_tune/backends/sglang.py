@@ -689,6 +689,11 @@ class SGLangBackend:
         except (OSError, ValueError):
             return None
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # The scheduler's effective limit (read_facts); where /server_info was not read, the
+        # --max-running-requests it was given.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         # SGLang 0.5.10 (server_args.py, _handle_mamba_radix_cache): a hybrid model (Qwen3.5,
         # Qwen3-Next) refuses speculation with radix cache on. Its own remedy

@@ -284,6 +284,10 @@ class VLLMBackend:
         # current while it runs and 0 once it is idle (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # vLLM does not report its running limit: then the --max-num-seqs it was given is.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         return ""
 
