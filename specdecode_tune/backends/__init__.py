@@ -32,7 +32,8 @@ from .failurepatterns import FailurePatterns, union
 from .files import LocalFile
 from .llamacpp import LlamaCppBackend
 from .schedule import ScheduleAsk, ScheduleFile, WritesSchedule
-from .sglang import SGLangBackend, SimBackend
+from .sglang import SGLangBackend
+from .sim import SimBackend
 from .streamformat import StreamFormat
 from .streamformat import union as union_streams
 from .trtllm import TensorRTLLMSchedule
@@ -139,6 +140,11 @@ class ChecksArgs(Protocol):
     def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
         """Raise ConfigError (one line) where every boot with `argv` would fail."""
 
+    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
+                 ) -> list[str | None]:
+        """`check_args` for several command lines at once (SGLang: one run of its parser;
+        the simulator: `common.each_refusal`): per argv, the one-line refusal or None."""
+
 
 BACKENDS: dict[str, Backend] = {
     "sglang": SGLangBackend(),
@@ -184,18 +190,7 @@ def refusals(cfg: BackendConfig, points: Sequence[Mapping[str, Any]]) -> list[st
     backend = get_backend(cfg.kind)
     if not isinstance(backend, ChecksArgs):
         return [None] * len(points)
-    argvs = [backend.argv(cfg, p, 0) for p in points]
-    many = getattr(backend, "refusals", None)
-    if many is not None:
-        return list(many(cfg, argvs))
-    out: list[str | None] = []
-    for argv in argvs:
-        try:
-            backend.check_args(cfg, argv)
-            out.append(None)
-        except ConfigError as e:
-            out.append(str(e))
-    return out
+    return list(backend.refusals(cfg, [backend.argv(cfg, p, 0) for p in points]))
 
 
 def schedule_files(cfg: BackendConfig | None, ask: ScheduleAsk | None) -> list[ScheduleFile]:

@@ -54,10 +54,10 @@ from ..errors import ConfigError
 from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, speccounters
+from .common import flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile
 from .schedule import ScheduleAsk
-from .sglang import flag_args, get_json
 from .streamformat import StreamFormat
 from .tokenize_endpoint import LLAMA_SERVER, TokenizeEndpoint
 

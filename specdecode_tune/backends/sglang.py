@@ -1,4 +1,5 @@
-"""SGLang (`python -m sglang.launch_server`) and the simulator, which takes the same flags.
+"""SGLang (`python -m sglang.launch_server`); the simulator, which takes the same flags, is
+backends/sim.py.
 
 SGLang's rules that shape the argv (docs/engines-sglang.md): the three speculative numbers are
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
@@ -29,7 +30,8 @@ from ..enginecache import expand_path
 from ..errors import ConfigError
 from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
-from . import httpread, prometheus, simargs, speccounters
+from . import httpread, prometheus, speccounters
+from .common import flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
@@ -214,17 +216,6 @@ _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-t
                (DRAFT, "--speculative-num-draft-tokens"))
 
 
-def flag_args(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
-    """`--name-with-dashes value` for each setting; True -> bare flag, False/None -> nothing."""
-    out: list[str] = []
-    for name, value in params.items():
-        if name in skip or name.startswith("_") or value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        out.append(flag) if value is True else out.extend([flag, _fmt(value)])
-    return out
-
-
 def renamed(params: Mapping[str, Any], version: str) -> dict[str, Any]:
     """`params` with the flags `version` renamed under their new names (RENAMED_FLAGS)."""
     out: dict[str, Any] = {}
@@ -268,12 +259,6 @@ def _argcheck(python: str, job: str) -> dict[str, Any]:
     return answer
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return repr(round(value, 6))
-    return str(value)
-
-
 def _without_endpoint(args: list[str]) -> list[str]:
     """Server arguments without `--host`/`--port` (the trial's port is a placeholder here)."""
     out, skip = [], False
@@ -285,10 +270,6 @@ def _without_endpoint(args: list[str]) -> list[str]:
         else:
             out.append(a)
     return out
-
-
-def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
-    return httpread.get_json(url, timeout_s, headers)     # KeyRefused on 401/403
 
 
 # SGLang's memory lines: each rank logs the free memory of its GPU ("avail mem=X GB", X in
@@ -733,62 +714,3 @@ class SGLangBackend:
         if d_calls <= 0 or d_gen < 0:
             return None, ()
         return d_gen / d_calls, ()
-
-
-class SimBackend(SGLangBackend):
-    """The embedded simulator: SGLang's flags plus its profile and boot-time override."""
-
-    name = "sim"
-    module = "specdecode_tune.sim"
-
-    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any],
-                    version: str | None = None) -> list[str]:
-        # The simulator's own command line has the flag names of the release it imitates; its
-        # launch command (for the real SGLang) has those of backend.engine_version.
-        args = super().server_args(cfg, params, version or DEFAULT_VERSION)
-        if cfg.profile:
-            args += ["--profile", cfg.profile]
-        if cfg.boot_time_s is not None:
-            args += ["--boot-time", _fmt(float(cfg.boot_time_s))]
-        if cfg.engine_version:   # the release to imitate where releases differ (adaptive mode)
-            args += ["--sglang-version", cfg.engine_version]
-        return args
-
-    def validate(self, cfg: BackendConfig) -> None:
-        """The profile every boot would load: missing, unreadable, not TOML, bad values."""
-        from ..sim.profile import DEFAULT_PROFILE, load_profile
-        load_profile(cfg.profile or DEFAULT_PROFILE)
-
-    def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
-        """What every boot would refuse: the simulator's CLI says (`simargs`)."""
-        simargs.check(self.module, argv[len(self._head(cfg)):])
-
-    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
-                 ) -> list[str | None]:
-        out: list[str | None] = []
-        for argv in argvs:
-            try:
-                self.check_args(cfg, argv)
-                out.append(None)
-            except ConfigError as e:
-                out.append(str(e))
-        return out
-
-    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
-        return []   # the simulator loads no model: model_path and the draft are names only
-
-    def key_args(self, cfg: BackendConfig) -> list[str]:
-        # The simulator also reads the key from a variable it is named (its own flag), so the
-        # key stays off its command line.
-        return ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []
-
-    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
-        # The simulator imitates DEFAULT_VERSION whatever is installed here.
-        if cfg.engine_version:
-            return cfg.engine_version, "backend.engine_version"
-        return DEFAULT_VERSION, "the release the simulator imitates; set backend.engine_version"
-
-    def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
-        # The simulator stands in for SGLang: the command to take away is SGLang's.
-        return shlex.join(["python", "-m", "sglang.launch_server"]
-                          + SGLangBackend.server_args(self, cfg, params)) + self.key_text(cfg)

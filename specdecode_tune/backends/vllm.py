@@ -53,10 +53,10 @@ from ..enginecache import cache_dir, expand_path
 from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, prometheus, speccounters
+from .common import flag_args, fmt, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
-from .sglang import _fmt, flag_args, get_json
 from .streamformat import StreamFormat
 from .tokenize_endpoint import VLLM, TokenizeEndpoint
 
@@ -188,7 +188,7 @@ class VLLMBackend:
         if conf is not None:
             args += ["--speculative-config", json.dumps(conf, separators=(",", ":"))]
         if params.get(MEM) is not None:
-            args += ["--gpu-memory-utilization", _fmt(float(params[MEM]))]
+            args += ["--gpu-memory-utilization", fmt(float(params[MEM]))]
         if params.get("max_running_requests") is not None:
             args += ["--max-num-seqs", str(int(params["max_running_requests"]))]
         return args + flag_args(params, skip=_SKIP) + list(cfg.extra_args)
