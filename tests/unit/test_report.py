@@ -1,6 +1,6 @@
 """report: verdicts, recommendation, schedule and command line from known tables.
 
-Each test builds a run dir with `results.write_level` / `results.write_trial` from synthetic
+Each test builds a run dir with `store.write_level` / `store.write_trial` from synthetic
 trials whose figures are known (a no-speculation baseline first), writes the report and checks
 what a reader would see against what the data says.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
@@ -97,7 +97,7 @@ class Run:
             s = level(c, v, accept=min(steps + 1, 1 + 0.8 * steps) if steps else None,
                       suspect=c in level_suspect, note="clocks throttled"
                       if c in level_suspect else "")
-            results.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
+            store.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
             levels.append(s)
         facts = ServerFacts(max_total_num_tokens=455357 - 40000 * steps,
                             max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps))
@@ -105,7 +105,7 @@ class Run:
                              facts=facts if status == "ok" else ServerFacts(),
                              levels=tuple(levels), repeat=repeat, suspect=suspect)
         self.n += 1
-        results.write_trial(self.path, result, extra={
+        store.write_trial(self.path, result, extra={
             "jump_reason": jump, "bracket_reason": bracket,
             "finished_at": 1_700_000_000 + self.n, "node": "test",
             "score": score, "predicted": None if predicted is None else json.dumps(predicted)})
@@ -538,8 +538,8 @@ def test_report_says_how_well_and_how_long_each_level_was_measured(tmp_path: Pat
               dataclasses.replace(level(16, 1596), rounds=3, precision=0.018, level_s=14.0,
                                   note=why)]
     for s in levels:
-        results.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
-    results.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
+        store.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
+    store.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
                                               facts=ServerFacts(max_running_requests=14),
                                               levels=tuple(levels)),
                         extra={"finished_at": 1_700_000_100, "node": "test"})
@@ -662,11 +662,11 @@ def test_search_closing_table_prints_the_reports_medians(tmp_path: Path,
     the same figures: the medians over the best config's measurements, not its first run."""
     from types import SimpleNamespace
 
-    from specdecode_tune import search
+    from specdecode_tune.search import summary
 
     run = seed_run(tmp_path)
     run.add("t04r1", {"speculative_num_steps": 4}, {1: 270.0, 16: 1580.0}, repeat=1)
-    search._report(SimpleNamespace(run_dir=str(tmp_path)))      # type: ignore[arg-type]
+    summary.report(SimpleNamespace(run_dir=str(tmp_path)))      # type: ignore[arg-type]
     out = " ".join(capsys.readouterr().out.split())
     assert "best config, per level (median of 2 measurement(s))" in out
     # steps=4 measured 277 and 270 at C=1, 1596 and 1580 at C=16: medians 273.5 and 1588.
