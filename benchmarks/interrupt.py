@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def servers(tag: str) -> list[int]:
 def rows(run_dir: Path) -> dict[str, list[dict]]:
     if not (run_dir / "tables").exists():
         return {"trials": [], "levels": [], "requests": []}
-    t = results.read_tables(str(run_dir))
+    t = store.read_tables(str(run_dir))
     return {"trials": t.trials.to_pylist(), "levels": t.levels.to_pylist(),
             "requests": [{k: r[k] for k in ("trial_id", "level", "index")}
                          for r in t.requests.select(["trial_id", "level", "index"]).to_pylist()]}

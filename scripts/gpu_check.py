@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the foreign process only holds memory (no matrix products)")
     ap.add_argument("--json", default=None, help="write the checks and summaries here")
     ap.add_argument("--run-dir", default=None,
-                    help="also write the telemetry table (results.write_telemetry) here")
+                    help="also write the telemetry table (store.write_telemetry) here")
     args = ap.parse_args(argv)
 
     checks: list[Check] = []
@@ -306,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         level = levels[name] = sampler.cut()
         print(f"      [{name}] {describe(level)}", flush=True)
         if args.run_dir:
-            from specdecode_tune import results
-            results.write_telemetry(args.run_dir, "gpu_check", name, level.samples)
+            from specdecode_tune import store
+            store.write_telemetry(args.run_dir, "gpu_check", name, level.samples)
         return level
 
     with sampler:

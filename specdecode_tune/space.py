@@ -13,6 +13,15 @@ SGLang's rules for its speculative flags decide which points are real configurat
   `scripts/playground/bench_speculative.py`, not a server rule.)
 - steps = 0 means no speculation: the baseline.
 
+The triple is the project's one vocabulary for every engine (vLLM and llama.cpp take steps as
+their K and draft chains: `resolve` gives them topk 1 and draft tokens K + 1), so these rules
+stay here rather than in each backend: with topk = 1 the draft-tree limit is steps + 1, which
+the derived draft count always meets, so it refuses nothing a chain engine would boot; and the
+places that apply it run before or without a backend (the experiment's check of its space,
+`--set` on the trial's command line, the define-by-run space below and the model sampler's
+candidates), where taking the backend would thread it through the samplers. A tree engine
+with another limit would move `invalid_reason` behind the backend protocol then.
+
 Values come from, in order: the searched parameters, the backend's fixed flags, defaults
 (topk 1; draft tokens = steps * topk + 1, one node per step and branch, when topk > 1 and
 nothing says: SGLang has no default then, and the backend always passes all three).

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import results, telemetry
+from . import store, telemetry
 from .backends import get_backend, preflight, refusals
 from .config import Experiment, MeasureConfig, cliargs, load_experiment
 from .errors import ConfigError, KeyRefused, ServerStartError
@@ -208,8 +208,8 @@ def run_trial(
             memory = backend.memory_facts(srv.log_tail(BOOT_LOG_BYTES))
             if memory:
                 facts = dataclasses.replace(facts, extra={**facts.extra, **memory})
-            # vLLM does not report its running limit: then the flag we set is the limit.
-            limit = facts.max_running_requests or params.get("max_running_requests")
+            # What the server runs at once (the backend knows where its engine says it).
+            limit = backend.running_limit(facts, params)
             if isinstance(limit, int) and limit > 0:
                 # A level measured in rounds: a loop over the limit is served in waves of it.
                 plans = [dataclasses.replace(p, round_size=limit) if p.by_rounds else p
@@ -275,9 +275,9 @@ def run_trial(
                 if slo is not None:
                     good, total = good_requests(records, slo)
                     summary = dataclasses.replace(summary, slo_good=good, slo_total=total)
-                results.write_level(ctx.run_dir, ctx.trial_id, summary, records,
+                store.write_level(ctx.run_dir, ctx.trial_id, summary, records,
                                     params=params, repeat=ctx.repeat)
-                results.write_telemetry(ctx.run_dir, ctx.trial_id, results.level_tag(summary),
+                store.write_telemetry(ctx.run_dir, ctx.trial_id, store.level_tag(summary),
                                         tele.samples)
                 finished.append(summary)
                 if on_level is not None:
@@ -348,7 +348,7 @@ def record_trial(ctx: TrialContext, result: TrialResult, *, started_at: float,
     epoch seconds; finished now), and the caller's `extra` columns."""
     columns = {"node": socket.gethostname(), "started_at": started_at,
                "finished_at": time.time(), **(extra or {})}
-    results.write_trial(ctx.run_dir, result, extra=columns)
+    store.write_trial(ctx.run_dir, result, extra=columns)
 
 
 def _last_line(text: str) -> str:
@@ -411,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    trial_id = f"manual-{results.config_key(resolve(sampled, exp.backend.flags))}-" \
+    trial_id = f"manual-{store.config_key(resolve(sampled, exp.backend.flags))}-" \
                f"{time.strftime('%Y%m%d-%H%M%S')}"
     ctx = TrialContext(run_dir=run_dir, local_dir=rundir.logs_dir(rundir.local_dir(run_dir)),
                        trial_id=trial_id)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import sys
 
-from specdecode_tune import results
+from specdecode_tune import store
 
 
 def main(run_dir: str, out: str) -> None:
-    tables = results.read_tables(run_dir)
+    tables = store.read_tables(run_dir)
     data = {"trials": tables.trials.drop_columns(["facts_json"]).to_pylist(),
             "levels": tables.levels.drop_columns(["params_json"]).to_pylist()}
     try:
-        tele = results.read_table(run_dir, "telemetry")
+        tele = store.read_table(run_dir, "telemetry")
         rows = tele.to_pylist()
         by_trial = {}
         for t in sorted({r["trial_id"] for r in rows}):

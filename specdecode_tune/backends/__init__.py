@@ -31,9 +31,12 @@ from . import files
 from .failurepatterns import FailurePatterns, union
 from .files import LocalFile
 from .llamacpp import LlamaCppBackend
-from .sglang import SGLangBackend, SimBackend
+from .schedule import ScheduleAsk, ScheduleFile, WritesSchedule
+from .sglang import SGLangBackend
+from .sim import SimBackend
 from .streamformat import StreamFormat
 from .streamformat import union as union_streams
+from .trtllm import TensorRTLLMSchedule
 from .vllm import VLLMBackend
 
 
@@ -90,9 +93,21 @@ class Backend(Protocol):
         sees the closed connection): the signal must be current, not a gauge of the last log
         interval."""
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        """The requests the booted server runs at once (a closed loop over it queues): what it
+        said of itself (`facts`), else the setting this engine's flag was given from
+        `params` (None where neither says)."""
+
     def refusal_advice(self, message: str) -> str:
         """What to set in the experiment for an argument refusal the server gives every point
         ('' where this engine knows no remedy for it)."""
+
+    def schedule_file(self, cfg: BackendConfig | None, ask: ScheduleAsk | None
+                      ) -> ScheduleFile | None:
+        """This engine's per-batch-size schedule file for `ask` (its name, its JSON, the
+        command that boots it or the reason it cannot; `schedule.ScheduleFile`) for an
+        experiment of any engine (`cfg`; None where the run has none); None where this engine
+        reads no such schedule. The report and the validation trial render what it returns."""
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:
@@ -125,6 +140,11 @@ class ChecksArgs(Protocol):
     def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
         """Raise ConfigError (one line) where every boot with `argv` would fail."""
 
+    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
+                 ) -> list[str | None]:
+        """`check_args` for several command lines at once (SGLang: one run of its parser;
+        the simulator: `common.each_refusal`): per argv, the one-line refusal or None."""
+
 
 BACKENDS: dict[str, Backend] = {
     "sglang": SGLangBackend(),
@@ -132,6 +152,11 @@ BACKENDS: dict[str, Backend] = {
     "vllm": VLLMBackend(),
     "llamacpp": LlamaCppBackend(),
 }
+
+# Every engine whose per-batch-size schedule the report writes, in the report's order:
+# TensorRT-LLM's is a format only (no server of it is booted here, backends/trtllm.py).
+SCHEDULE_WRITERS: tuple[WritesSchedule, ...] = (BACKENDS["sglang"], BACKENDS["vllm"],
+                                                TensorRTLLMSchedule())
 
 ANY_ENGINE_FAILURES: FailurePatterns = union(b.failure_patterns for b in BACKENDS.values())
 ANY_ENGINE_STREAM: StreamFormat = union_streams(b.stream_format for b in BACKENDS.values())
@@ -165,17 +190,21 @@ def refusals(cfg: BackendConfig, points: Sequence[Mapping[str, Any]]) -> list[st
     backend = get_backend(cfg.kind)
     if not isinstance(backend, ChecksArgs):
         return [None] * len(points)
-    argvs = [backend.argv(cfg, p, 0) for p in points]
-    many = getattr(backend, "refusals", None)
-    if many is not None:
-        return list(many(cfg, argvs))
-    out: list[str | None] = []
-    for argv in argvs:
-        try:
-            backend.check_args(cfg, argv)
-            out.append(None)
-        except ConfigError as e:
-            out.append(str(e))
+    return list(backend.refusals(cfg, [backend.argv(cfg, p, 0) for p in points]))
+
+
+def schedule_files(cfg: BackendConfig | None, ask: ScheduleAsk | None) -> list[ScheduleFile]:
+    """Every engine's file for the schedule `ask` (None: there is none), in SCHEDULE_WRITERS'
+    order, each format written by the experiment's own backend where it speaks it (the
+    simulator SGLang's), so that its command boots the experiment's server."""
+    own = BACKENDS.get(cfg.kind) if cfg is not None else None
+    out = []
+    for writer in SCHEDULE_WRITERS:
+        if own is not None and isinstance(own, type(writer)):
+            writer = own
+        written = writer.schedule_file(cfg, ask)
+        if written is not None:
+            out.append(written)
     return out
 
 

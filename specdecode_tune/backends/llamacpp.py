@@ -54,9 +54,10 @@ from ..errors import ConfigError
 from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, speccounters
+from .common import flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile
-from .sglang import flag_args, get_json
+from .schedule import ScheduleAsk
 from .streamformat import StreamFormat
 from .tokenize_endpoint import LLAMA_SERVER, TokenizeEndpoint
 
@@ -240,8 +241,15 @@ class LlamaCppBackend:
         # its queue), so they are current (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # /props' slots (read_facts); where unread, the --parallel it was given.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         return ""
+
+    def schedule_file(self, cfg: BackendConfig | None, ask: ScheduleAsk | None) -> None:
+        return None     # llama.cpp reads no per-batch-size schedule: no format to write
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:

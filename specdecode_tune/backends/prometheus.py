@@ -8,6 +8,13 @@ and the special values `+Inf`, `-Inf`, `NaN`. `# HELP` and other comments are sk
     samples = parse(text)
     drafts = total(samples, "vllm:spec_decode_num_drafts_total")     # over all label sets
     per_pos = by_label(samples, "vllm:..._per_pos_total", "position")  # {"0": 12.0, ...}
+
+Why not `prometheus_client.parser` (installed with ray[default]): on every capture under
+tests/data (SGLang 0.5.17's /metrics among them) it gives the same samples and values, checked
+2026-12-06; but it reads on past OpenMetrics' `# EOF` (its text parser; the OpenMetrics one
+refuses Prometheus text), its error for a bad sample does not name the line ("could not convert
+string to float"), which the facts' `unread` note repeats, and it is no declared dependency of
+the project, only Ray's (deptry flags a transitive import).
 """
 
 from __future__ import annotations

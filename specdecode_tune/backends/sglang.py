@@ -1,4 +1,5 @@
-"""SGLang (`python -m sglang.launch_server`) and the simulator, which takes the same flags.
+"""SGLang (`python -m sglang.launch_server`); the simulator, which takes the same flags, is
+backends/sim.py.
 
 SGLang's rules that shape the argv (docs/engines-sglang.md): the three speculative numbers are
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
@@ -29,9 +30,11 @@ from ..enginecache import expand_path
 from ..errors import ConfigError
 from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
-from . import httpread, prometheus, simargs, speccounters
+from . import httpread, prometheus, speccounters
+from .common import flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
+from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
 from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
 
 # SGLang's start-up failures (docs/engines-sglang.md section 12 has each line's source, per
@@ -213,17 +216,6 @@ _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-t
                (DRAFT, "--speculative-num-draft-tokens"))
 
 
-def flag_args(params: Mapping[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
-    """`--name-with-dashes value` for each setting; True -> bare flag, False/None -> nothing."""
-    out: list[str] = []
-    for name, value in params.items():
-        if name in skip or name.startswith("_") or value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        out.append(flag) if value is True else out.extend([flag, _fmt(value)])
-    return out
-
-
 def renamed(params: Mapping[str, Any], version: str) -> dict[str, Any]:
     """`params` with the flags `version` renamed under their new names (RENAMED_FLAGS)."""
     out: dict[str, Any] = {}
@@ -267,12 +259,6 @@ def _argcheck(python: str, job: str) -> dict[str, Any]:
     return answer
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return repr(round(value, 6))
-    return str(value)
-
-
 def _without_endpoint(args: list[str]) -> list[str]:
     """Server arguments without `--host`/`--port` (the trial's port is a placeholder here)."""
     out, skip = [], False
@@ -284,10 +270,6 @@ def _without_endpoint(args: list[str]) -> list[str]:
         else:
             out.append(a)
     return out
-
-
-def get_json(url: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
-    return httpread.get_json(url, timeout_s, headers)     # KeyRefused on 401/403
 
 
 # SGLang's memory lines: each rank logs the free memory of its GPU ("avail mem=X GB", X in
@@ -391,6 +373,40 @@ def _load_count(body: Any, keys: tuple[str, ...]) -> int | None:
                 return None
             total += n
     return total
+
+
+# The per-batch-size schedule file (`schedule_file`): SGLang `--speculative-adaptive-config`
+# (with `--speculative-adaptive`), as read in the stored sgl-project/sglang sources. Released
+# wheels: the flags exist from 0.5.11 and read this format from 0.5.13 (docs/engines-sglang.md
+# section 3), so the command is given only where `schedule_params` says the servers' release
+# takes it. The flag takes the PATH of a JSON file ("Path to a JSON config file for adaptive
+# speculative decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`, commit
+# 015c8726). `python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
+# `_load_adaptive_config`: the keys that are integer strings are batch sizes, each
+# `{"candidate_steps": [non-negative ints], ...}` (optional `ema_alpha`, `update_interval`,
+# `warmup_batches`, `up_hysteresis`, `down_hysteresis`, `ceiling_coeff`); a top-level
+# `"strategy"` is "ema" (default) or "throughput_aware" (in the stored source, in no wheel up to
+# 0.5.23; none is written here); `adaptive_unsupported_reason` refuses adaptive mode unless
+# topk = 1 and the algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6) routes
+# a batch to the largest key <= its size after CUDA-graph padding (the first key below that).
+# `_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit 004c82e0):
+# `--speculative-num-steps` must be in the union of the candidate steps, and draft tokens become
+# steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
+SCHEDULE_FILE = "sglang-adaptive-config.json"
+SCHEDULE_TITLE = "SGLang: --speculative-adaptive-config"
+SCHEDULE_ABOUT = (
+    f"A JSON file (written next to this report as `{SCHEDULE_FILE}`), passed "
+    f"with `--speculative-adaptive --speculative-adaptive-config PATH` (SGLang >= 0.5.13 "
+    f"reads this format); topk = 1 only. "
+    f"Keys are batch sizes: SGLang uses the largest key <= the batch size (after "
+    f"CUDA-graph padding); one candidate per key pins that level's steps. Format as "
+    f"read in sgl-project/sglang `speculative/adaptive_spec_params.py`.")
+
+
+def adaptive_config(slots: Slots) -> dict[str, Any]:
+    """SGLang's adaptive-config JSON: one candidate per slot (a fixed schedule)."""
+    check_slots(slots)
+    return {str(start): {"candidate_steps": [steps]} for start, steps in slots}
 
 
 class SGLangBackend:
@@ -567,6 +583,18 @@ class SGLangBackend:
         settings, why = self.schedule_params(cfg, params, config_path)
         return (None, why) if settings is None else (self.launch_command(cfg, settings), "")
 
+    def schedule_file(self, cfg: BackendConfig | None, ask: ScheduleAsk | None
+                      ) -> ScheduleFile:
+        """The adaptive-config file of `ask`; its command where `cfg` is this backend's and
+        its release reads the file (`schedule_params`; the simulator's copy of the mode too)."""
+        if ask is None:
+            return ScheduleFile("sglang", SCHEDULE_TITLE, SCHEDULE_FILE, None, NOTHING)
+        command = None
+        if cfg is not None and cfg.kind == self.name:
+            command, _ = self.schedule_command(cfg, ask.params, SCHEDULE_FILE)
+        return ScheduleFile("sglang", SCHEDULE_TITLE, SCHEDULE_FILE,
+                            adaptive_config(ask.slots), SCHEDULE_ABOUT, command)
+
     @staticmethod
     def adaptive_flags(config_path: str) -> dict[str, Any]:
         """The settings that turn on adaptive mode with the per-batch-size file at
@@ -643,6 +671,11 @@ class SGLangBackend:
         except (OSError, ValueError):
             return None
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # The scheduler's effective limit (read_facts); where /server_info was not read, the
+        # --max-running-requests it was given.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         # SGLang 0.5.10 (server_args.py, _handle_mamba_radix_cache): a hybrid model (Qwen3.5,
         # Qwen3-Next) refuses speculation with radix cache on. Its own remedy
@@ -682,62 +715,3 @@ class SGLangBackend:
         if d_calls <= 0 or d_gen < 0:
             return None, ()
         return d_gen / d_calls, ()
-
-
-class SimBackend(SGLangBackend):
-    """The embedded simulator: SGLang's flags plus its profile and boot-time override."""
-
-    name = "sim"
-    module = "specdecode_tune.sim"
-
-    def server_args(self, cfg: BackendConfig, params: Mapping[str, Any],
-                    version: str | None = None) -> list[str]:
-        # The simulator's own command line has the flag names of the release it imitates; its
-        # launch command (for the real SGLang) has those of backend.engine_version.
-        args = super().server_args(cfg, params, version or DEFAULT_VERSION)
-        if cfg.profile:
-            args += ["--profile", cfg.profile]
-        if cfg.boot_time_s is not None:
-            args += ["--boot-time", _fmt(float(cfg.boot_time_s))]
-        if cfg.engine_version:   # the release to imitate where releases differ (adaptive mode)
-            args += ["--sglang-version", cfg.engine_version]
-        return args
-
-    def validate(self, cfg: BackendConfig) -> None:
-        """The profile every boot would load: missing, unreadable, not TOML, bad values."""
-        from ..sim.profile import DEFAULT_PROFILE, load_profile
-        load_profile(cfg.profile or DEFAULT_PROFILE)
-
-    def check_args(self, cfg: BackendConfig, argv: Sequence[str]) -> None:
-        """What every boot would refuse: the simulator's CLI says (`simargs`)."""
-        simargs.check(self.module, argv[len(self._head(cfg)):])
-
-    def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
-                 ) -> list[str | None]:
-        out: list[str | None] = []
-        for argv in argvs:
-            try:
-                self.check_args(cfg, argv)
-                out.append(None)
-            except ConfigError as e:
-                out.append(str(e))
-        return out
-
-    def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
-        return []   # the simulator loads no model: model_path and the draft are names only
-
-    def key_args(self, cfg: BackendConfig) -> list[str]:
-        # The simulator also reads the key from a variable it is named (its own flag), so the
-        # key stays off its command line.
-        return ["--api-key-env", cfg.api_key_env] if cfg.api_key_env else []
-
-    def engine_version(self, cfg: BackendConfig) -> tuple[str, str]:
-        # The simulator imitates DEFAULT_VERSION whatever is installed here.
-        if cfg.engine_version:
-            return cfg.engine_version, "backend.engine_version"
-        return DEFAULT_VERSION, "the release the simulator imitates; set backend.engine_version"
-
-    def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
-        # The simulator stands in for SGLang: the command to take away is SGLang's.
-        return shlex.join(["python", "-m", "sglang.launch_server"]
-                          + SGLangBackend.server_args(self, cfg, params)) + self.key_text(cfg)

@@ -44,7 +44,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,9 +53,10 @@ from ..enginecache import cache_dir, expand_path
 from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, prometheus, speccounters
+from .common import flag_args, fmt, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
-from .sglang import _fmt, flag_args, get_json
+from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
 from .streamformat import StreamFormat
 from .tokenize_endpoint import VLLM, TokenizeEndpoint
 
@@ -119,16 +120,37 @@ def schedule_config(cfg: BackendConfig | None, params: Mapping[str, Any],
     return {**conf, PER_BATCH_SIZE: ranges}
 
 
-def schedule_serve_command(cfg: BackendConfig, params: Mapping[str, Any],
-                           ranges: list[list[int]]) -> str | None:
-    """The `vllm serve` command of a per-batch-size K schedule for an experiment of any
-    engine: a vLLM experiment's own launch command (its flags, its draft mapping); another
-    engine's model and tensor parallelism, with `schedule_config(cfg, params, ranges)`."""
-    if cfg.kind == "vllm":
-        return VLLMBackend().schedule_command(cfg, params, ranges)[0]
-    return shlex.join(["vllm", "serve", cfg.model_path, "--tensor-parallel-size",
-                       str(cfg.tp_size), "--speculative-config",
-                       json.dumps(schedule_config(cfg, params, ranges))])
+def per_batch_size_ranges(slots: Slots) -> list[list[int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size`: [start, end, K] inclusive ranges; the
+    last range ends at its own start (vLLM keeps the last K past it)."""
+    check_slots(slots)
+    out = []
+    for i, (start, steps) in enumerate(slots):
+        end = slots[i + 1][0] - 1 if i + 1 < len(slots) else start
+        out.append([start, end, steps])
+    return out
+
+
+def k_for_batch(ranges: Sequence[Sequence[int]], batch_size: int) -> int:
+    """The K vLLM uses for a batch (`dynamic/utils.py`: the range holding it, else the last
+    range's K past the end). For tests of the format."""
+    for start, end, k in ranges:
+        if start <= batch_size <= end:
+            return int(k)
+    return int(ranges[-1][2])
+
+
+SCHEDULE_FILE = "vllm-speculative-config.json"
+SCHEDULE_TITLE = "vLLM: num_speculative_tokens_per_batch_size"
+SCHEDULE_ABOUT = (
+    f"A key of `--speculative-config` (written as `{SCHEDULE_FILE}`): "
+    f"`[range_start, range_end, K]` with inclusive batch-size ranges starting at 1; "
+    f"vLLM keeps the last K past the last range; K (draft tokens per step) is SGLang's "
+    f"steps for a chain. Format as read in vllm-project/vllm "
+    f"`vllm/config/speculative.py`.")
+# Said where the experiment is another engine's (its memory setting does not carry over).
+SCHEDULE_ABOUT_OTHER = (" SGLang's mem_fraction_static has no exact vLLM equivalent "
+                        "(`--gpu-memory-utilization` counts differently): set it yourself.")
 
 
 def uses_module_form(binary: str | None) -> bool:
@@ -166,7 +188,7 @@ class VLLMBackend:
         if conf is not None:
             args += ["--speculative-config", json.dumps(conf, separators=(",", ":"))]
         if params.get(MEM) is not None:
-            args += ["--gpu-memory-utilization", _fmt(float(params[MEM]))]
+            args += ["--gpu-memory-utilization", fmt(float(params[MEM]))]
         if params.get("max_running_requests") is not None:
             args += ["--max-num-seqs", str(int(params["max_running_requests"]))]
         return args + flag_args(params, skip=_SKIP) + list(cfg.extra_args)
@@ -262,8 +284,36 @@ class VLLMBackend:
         # current while it runs and 0 once it is idle (the engine tests' drain holds it).
         return speccounters.in_flight(base_url, self.busy_gauges, timeout_s, headers)
 
+    def running_limit(self, facts: ServerFacts, params: Mapping[str, Any]) -> Any:
+        # vLLM does not report its running limit: then the --max-num-seqs it was given is.
+        return facts.max_running_requests or params.get("max_running_requests")
+
     def refusal_advice(self, message: str) -> str:
         return ""
+
+    def schedule_file(self, cfg: BackendConfig | None, ask: ScheduleAsk | None
+                      ) -> ScheduleFile:
+        """vLLM's `--speculative-config` with the per-batch-size K of `ask`, for an experiment
+        of any engine (`schedule_config`), and its `vllm serve` command: a vLLM experiment's
+        own launch command (its flags, its draft mapping); another engine's model and tensor
+        parallelism with the JSON. `num_speculative_tokens` is the largest K (vLLM sizes its
+        buffers for it)."""
+        if ask is None:
+            return ScheduleFile("vllm", SCHEDULE_TITLE, SCHEDULE_FILE, None, NOTHING)
+        ranges = per_batch_size_ranges(ask.slots)
+        top_params = {**ask.params, STEPS: ask.top_steps}
+        content = schedule_config(cfg, top_params, ranges)
+        own = cfg is not None and cfg.kind == self.name
+        if cfg is None:
+            command = None
+        elif own:
+            command = self.schedule_command(cfg, top_params, ranges)[0]
+        else:
+            command = shlex.join(["vllm", "serve", cfg.model_path, "--tensor-parallel-size",
+                                  str(cfg.tp_size), "--speculative-config",
+                                  json.dumps(content)])
+        return ScheduleFile("vllm", SCHEDULE_TITLE, SCHEDULE_FILE, content,
+                            SCHEDULE_ABOUT + ("" if own else SCHEDULE_ABOUT_OTHER), command)
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:

@@ -9,9 +9,10 @@ report is for a person at this machine):
     report.md                    the ten-second summary first, then the evidence
     report.html                  the same, with the figures embedded (readable offline)
     *.png                        figures (matplotlib Agg, no display)
-    sglang-adaptive-config.json  the per-level schedule in SGLang's adaptive-config format
-    vllm-speculative-config.json the same as vLLM's --speculative-config
-    trtllm-draft-len-schedule.json the same as TensorRT-LLM's draft_len_schedule (where it fits)
+    *.json                       the per-level schedule in each engine's format, as its
+                                 backend writes it (backends.schedule_files): SGLang's
+                                 adaptive config, vLLM's --speculative-config, TensorRT-LLM's
+                                 draft_len_schedule (where it fits)
 
 Modules: `data` (run dir -> trials, configs, baseline, noise band), `verdicts` (plateau / peak /
 escape in words), `recommend` (best config, command, schedule and its formats), `figures`,
@@ -38,7 +39,7 @@ class ReportOutput:
     figures: list[str]                # PNG paths
     summary_lines: list[str]          # what a person reads first (the search prints it too)
     best_lines: list[str] = field(default_factory=list)  # the best config's per-level figures
-    schedule_paths: list[str] = field(default_factory=list)   # SGLang / vLLM schedule files
+    schedule_paths: list[str] = field(default_factory=list)   # the engines' schedule files
 
 
 def default_out_dir(run_dir: str) -> str:
@@ -78,19 +79,9 @@ def write_report_from(data: RunData, out_dir: str) -> ReportOutput:
 
     os.makedirs(out_dir, exist_ok=True)
     fig_paths = [render.write_atomic(os.path.join(out_dir, f.name), f.png) for f in figs]
-    sched_paths = []
-    if sched.sglang is not None:
-        sched_paths.append(render.write_atomic(
-            os.path.join(out_dir, recommend.SGLANG_SCHEDULE_FILE),
-            recommend.schedule_json(sched.sglang) + "\n"))
-    if sched.vllm is not None:
-        sched_paths.append(render.write_atomic(
-            os.path.join(out_dir, recommend.VLLM_SCHEDULE_FILE),
-            recommend.schedule_json(sched.vllm) + "\n"))
-    if sched.trtllm is not None:
-        sched_paths.append(render.write_atomic(
-            os.path.join(out_dir, recommend.TRTLLM_SCHEDULE_FILE),
-            recommend.schedule_json({"draft_len_schedule": sched.trtllm}) + "\n"))
+    sched_paths = [render.write_atomic(os.path.join(out_dir, f.file_name),
+                                       recommend.schedule_json(f.content) + "\n")
+                   for f in sched.files if f.content is not None]
     md = render.write_atomic(os.path.join(out_dir, "report.md"), render.to_markdown(blocks))
     html_path = render.write_atomic(
         os.path.join(out_dir, "report.html"),

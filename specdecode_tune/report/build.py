@@ -17,9 +17,6 @@ from . import render as r
 from .data import Config, RunData, band_pct, fmt_value
 from .figures import Figure
 from .recommend import (
-    SGLANG_SCHEDULE_FILE,
-    TRTLLM_SCHEDULE_FILE,
-    VLLM_SCHEDULE_FILE,
     Recommendation,
     Schedule,
     pct_gain,
@@ -252,49 +249,13 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
     if sched.notes:
         out.append(r.Bullets(sched.notes))
     out += _validation_blocks(data, sched)
-    out.append(r.Heading(3, "SGLang: --speculative-adaptive-config"))
-    if sched.sglang is None:
-        out.append(r.Para("Nothing to emit (see the notes above)."))
-    else:
-        out.append(r.Para(
-            f"A JSON file (written next to this report as `{SGLANG_SCHEDULE_FILE}`), passed "
-            f"with `--speculative-adaptive --speculative-adaptive-config PATH` (SGLang >= 0.5.13 "
-            f"reads this format); topk = 1 only. "
-            f"Keys are batch sizes: SGLang uses the largest key <= the batch size (after "
-            f"CUDA-graph padding); one candidate per key pins that level's steps. Format as "
-            f"read in sgl-project/sglang `speculative/adaptive_spec_params.py`."))
-        out.append(r.Code(schedule_json(sched.sglang), "json"))
-        if sched.sglang_command:
-            out.append(r.Code(sched.sglang_command, "sh"))
-    out.append(r.Heading(3, "vLLM: num_speculative_tokens_per_batch_size"))
-    if sched.vllm is None:
-        out.append(r.Para("Nothing to emit (see the notes above)."))
-    else:
-        out.append(r.Para(
-            f"A key of `--speculative-config` (written as `{VLLM_SCHEDULE_FILE}`): "
-            f"`[range_start, range_end, K]` with inclusive batch-size ranges starting at 1; "
-            f"vLLM keeps the last K past the last range; K (draft tokens per step) is SGLang's "
-            f"steps for a chain. Format as read in vllm-project/vllm "
-            f"`vllm/config/speculative.py`."
-            + ("" if data.experiment is not None and data.experiment.backend.kind == "vllm"
-               else " SGLang's mem_fraction_static has no exact vLLM equivalent "
-                    "(`--gpu-memory-utilization` counts differently): set it yourself.")))
-        out.append(r.Code(schedule_json(sched.vllm), "json"))
-        if sched.vllm_command:
-            out.append(r.Code(sched.vllm_command, "sh"))
-    out.append(r.Heading(3, "TensorRT-LLM: draft_len_schedule"))
-    if sched.trtllm is None:
-        out.append(r.Para("Nothing to emit" + (" (TensorRT-LLM needs batch 1 to draft the "
-                                               "most; see the notes above)." if sched.slots
-                                               else " (see the notes above).")))
-    else:
-        out.append(r.Para(
-            f"A field of the speculative config (written as `{TRTLLM_SCHEDULE_FILE}`): batch "
-            f"size -> draft length, a batch taking the first key >= it and 0 (no speculation) "
-            f"past the last key, which is the schedule server's running limit here; key 1 "
-            f"equals max_draft_len. As read in NVIDIA/TensorRT-LLM `llmapi/llm_args.py` and "
-            f"`_torch/speculative/utils.py` `get_draft_len_for_batch_size`."))
-        out.append(r.Code(schedule_json({"draft_len_schedule": sched.trtllm}), "json"))
+    for f in sched.files:      # each engine's file, as its backend wrote it
+        out.append(r.Heading(3, f.title))
+        out.append(r.Para(f.about))
+        if f.content is not None:
+            out.append(r.Code(schedule_json(f.content), "json"))
+            if f.command:
+                out.append(r.Code(f.command, "sh"))
     return out
 
 

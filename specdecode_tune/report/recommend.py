@@ -6,33 +6,11 @@ suspect trials left out). The schedule picks, for each measured
 concurrency level, the measured configuration with the highest median tok/s at that level
 (feasible, not suspect; the no-speculation baseline counts: it wins where drafting costs more
 than it returns). Servers can switch only the number of draft steps at run time, so the
-schedule is emitted for chains (topk = 1) in the two formats that exist:
-
-SGLang `--speculative-adaptive-config` (with `--speculative-adaptive`), as read in the stored
-sgl-project/sglang sources. Released wheels: the flags exist from 0.5.11 and read this format
-from 0.5.13 (docs/engines-sglang.md section 3), so the command is printed only where the
-backend's `schedule_params` says the servers' release takes it; else a note says which does.
-The flag takes the PATH of a JSON file ("Path to a JSON config file for adaptive speculative
-decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`, commit 015c8726).
-`python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
-`_load_adaptive_config`: the keys that are integer strings are batch sizes, each
-`{"candidate_steps": [non-negative ints], ...}` (optional `ema_alpha`, `update_interval`,
-`warmup_batches`, `up_hysteresis`, `down_hysteresis`, `ceiling_coeff`); a top-level `"strategy"`
-is "ema" (default) or "throughput_aware" (in the stored source, in no wheel up to 0.5.23; the
-report writes none); `adaptive_unsupported_reason` refuses adaptive mode unless topk = 1 and the
-algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6) routes a batch to the
-largest key <= its size after CUDA-graph padding (the first key below that).
-`_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit 004c82e0):
-`--speculative-num-steps` must be in the union of the candidate steps, and draft tokens become
-steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
-
-vLLM `num_speculative_tokens_per_batch_size`, a key of `--speculative-config`, as read in
-vllm-project/vllm `vllm/config/speculative.py` (commit 002e77c1): `list[tuple[int, int, int]]`,
-"(range_start, range_end, num_speculative_tokens) with an inclusive batch-size range";
-`vllm/v1/spec_decode/dynamic/utils.py` (commit 14b450ca) checks that ranges are sorted, do not
-overlap and start at 1, K >= 0, clamps K to `num_speculative_tokens`, and keeps the last K for
-batches past the last range. vLLM's K is the number of draft tokens per step: SGLang's steps
-for a chain (topk = 1).
+schedule is emitted for chains (topk = 1), in every engine's format that has one: each
+engine's backend writes its own file and says the command that boots it, or why it cannot
+(`backends.schedule_files`: SGLang's adaptive config, vLLM's per-batch-size K, TensorRT-LLM's
+draft-length schedule; their sources are cited in the backends). The report renders what they
+return and names no engine.
 """
 
 from __future__ import annotations
@@ -42,17 +20,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import get_backend
-from ..backends import vllm as vllm_backend
+from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from . import formats
 from .data import Config, RunData, band_pct, describe, fmt_value
-
-SGLANG_SCHEDULE_FILE = "sglang-adaptive-config.json"
-VLLM_SCHEDULE_FILE = "vllm-speculative-config.json"
-TRTLLM_SCHEDULE_FILE = "trtllm-draft-len-schedule.json"
 
 
 @dataclass(frozen=True)
@@ -157,18 +129,29 @@ class Entry:
 @dataclass(frozen=True)
 class Schedule:
     entries: tuple[Entry, ...]       # any measured config (topk may vary)
-    chain: tuple[Entry, ...]         # chains only (topk = 1, or no speculation): the formats
-    sglang: dict[str, Any] | None    # the JSON file's content
-    sglang_command: str | None
-    vllm: dict[str, Any] | None      # the --speculative-config JSON
-    vllm_command: str | None
+    chain: tuple[Entry, ...]         # chains only (topk = 1, or no speculation): the files
+    files: tuple[ScheduleFile, ...]  # every engine's file (its JSON, its command), in order
     notes: tuple[str, ...]
-    slots: tuple[tuple[int, int], ...] = ()   # (running batch where it starts, steps)
-    trtllm: dict[int, int] | None = None     # TensorRT-LLM's draft_len_schedule
-    params: dict[str, Any] | None = None     # the schedule server's settings but the file
+    # What the engines were asked to write (slots, the schedule server's settings); None
+    # where there is no schedule.
+    ask: ScheduleAsk | None = None
     # Why no schedule is offered although levels were measured: the best one loses to the
     # static config beyond noise at some level (`losing_levels`); then nothing is emitted.
     withheld: str | None = None
+
+    @property
+    def slots(self) -> tuple[tuple[int, int], ...]:
+        """(running batch where it starts, steps); () where there is no schedule."""
+        return self.ask.slots if self.ask is not None else ()
+
+    @property
+    def params(self) -> dict[str, Any] | None:
+        """The schedule server's settings but the file (None: no schedule)."""
+        return dict(self.ask.params) if self.ask is not None else None
+
+    def file(self, engine: str) -> ScheduleFile | None:
+        """The file of that engine (`ScheduleFile.engine`), where one was written."""
+        return next((f for f in self.files if f.engine == engine), None)
 
 
 def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
@@ -221,7 +204,7 @@ def schedule(data: RunData) -> Schedule:
     losing = losing_levels(data, chain)
     if losing:
         why = withheld_line(data, best, losing)
-        return Schedule(all_e, chain, None, None, None, None, (why,), withheld=why)
+        return Schedule(all_e, chain, (), (why,), withheld=why)
     kept = [e for e in chain if e.kept_static]
     if kept:
         notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
@@ -236,7 +219,8 @@ def schedule(data: RunData) -> Schedule:
                      "formats below use the best chain (topk = 1) at each level.")
     if not chain or all(e.steps == 0 for e in chain):
         notes.append("No level is best with speculation: no schedule to emit.")
-        return Schedule(all_e, chain, None, None, None, None, tuple(notes))
+        exp_cfg = data.experiment.backend if data.experiment is not None else None
+        return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
     base = best.params if best is not None else chain[0].config.params
     differ = _differing(chain, exclude=(STEPS, TOPK, DRAFT))
     if differ:
@@ -255,32 +239,20 @@ def schedule(data: RunData) -> Schedule:
     slots, merged = schedule_slots(chain, int(mrr) if mrr else None)
     if merged:
         notes.append(merged)
-    sglang = formats.sglang_config(slots)
-    trtllm, trt_why = formats.trtllm_schedule(slots, int(mrr) if mrr else slots[-1][0])
-    if trt_why:
-        notes.append(trt_why)
     exp = data.experiment
-    sglang_cmd = vllm_cmd = None
     first = next(e.steps for e in chain if e.steps > 0)
-    params = {**base, STEPS: first, TOPK: 1, DRAFT: first + 1}
+    ask = ScheduleAsk(slots=tuple(slots),
+                      params={**base, STEPS: first, TOPK: 1, DRAFT: first + 1},
+                      top_steps=top, running_limit=int(mrr) if mrr else None)
+    files = schedule_files(exp.backend if exp is not None else None, ask)
+    notes.extend(f.why for f in files if f.why)
     if exp is not None:
-        # The command that boots the schedule from the file written beside the report, where
-        # this engine and release boot one (SGLang's adaptive mode; the simulator's copy);
-        # else the backend's one line on why not.
-        backend = get_backend(exp.backend.kind)
-        settings, why = backend.schedule_params(exp.backend, params, SGLANG_SCHEDULE_FILE)
-        if settings is not None:
-            sglang_cmd = backend.launch_command(exp.backend, settings)
-        elif why:
+        # Where the experiment's engine and release boot no schedule from a file, its
+        # backend's one line on why not.
+        _, why = get_backend(exp.backend.kind).schedule_params(exp.backend, ask.params, "")
+        if why:
             notes.append(why)
-
-    ranges = formats.vllm_ranges(slots)
-    top_params = {**base, STEPS: top}
-    vllm = vllm_backend.schedule_config(exp.backend if exp else None, top_params, ranges)
-    if exp is not None:
-        vllm_cmd = vllm_backend.schedule_serve_command(exp.backend, top_params, ranges)
-    return Schedule(all_e, chain, sglang, sglang_cmd, vllm, vllm_cmd, tuple(notes),
-                    slots=tuple(slots), trtllm=trtllm, params=params)
+    return Schedule(all_e, chain, tuple(files), tuple(notes), ask=ask)
 
 
 def losing_levels(data: RunData, chain: tuple[Entry, ...]) -> list[Entry]:
@@ -366,9 +338,6 @@ def runner_up_line(data: RunData, r: Recommendation) -> str | None:
 
 
 __all__ = [
-    "SGLANG_SCHEDULE_FILE",
-    "TRTLLM_SCHEDULE_FILE",
-    "VLLM_SCHEDULE_FILE",
     "Entry",
     "LevelRow",
     "Recommendation",

@@ -21,9 +21,6 @@ Its modules, in the order a run meets them:
 The flow is one-way: cli -> preflight, then tuner -> searcher / sampler_factory / trainable
 -> trial. The names below are this package's face, imported on first use (PEP 562), so that
 `import specdecode_tune.search.sampler_factory` (the benchmark) loads no Ray.
-`_DefineByRunWithJump` and `_say` are the older names of `searcher.ProposalSpace` and
-`progress.say`: a run started before this package existed pickled them (its searcher and its
-progress callback), and resuming it looks them up here.
 """
 
 from __future__ import annotations
@@ -54,18 +51,15 @@ _LAZY = {
     "make_sampler": ("sampler_factory", "make_sampler"),
     "INFEASIBLE_SCORE": ("searcher", "INFEASIBLE_SCORE"),
     "ProposalSpace": ("searcher", "ProposalSpace"),
-    "_DefineByRunWithJump": ("searcher", "ProposalSpace"),
     "score_of": ("trainable", "score_of"),
     "Progress": ("progress", "Progress"),
     "REASON_CHARS": ("progress", "REASON_CHARS"),
     "describe": ("progress", "describe"),
     "short_reason": ("progress", "short_reason"),
     "say": ("progress", "say"),
-    "_say": ("progress", "say"),
     "print_summary": ("summary", "print_summary"),
     "stopped_early": ("summary", "stopped_early"),
     "trial_counts": ("summary", "trial_counts"),
-    "_report": ("summary", "report"),
 }
 
 __all__ = [

@@ -1,13 +1,14 @@
 """The schedule's validation trial: after the search, boot the emitted schedule once.
 
 With `[objective] kind = "schedule"` the search ends by reading its own run as the report does
-(`report.recommend.schedule`), writing the SGLang adaptive config into the run dir
-(`schedule/sglang-adaptive-config.json`) and booting that server through the project's own
-trial, every level measured: trial id "schedule", sampler "schedule", a row of the trials table
-with its levels. Where the static best is a chain it also boots the mode with the static
-config's steps in one slot ("schedule-same"): the cost of the mode itself against the plain
-static server. Both run as Ray tasks on a trial's resources, as the baseline does. The report
-(`report/validation.py`) sets them against the static and per-level configs.
+(`report.recommend.schedule`), writing the schedule file its backend boots from into the run dir
+(`Backend.schedule_file`; SGLang's: `schedule/sglang-adaptive-config.json`) and booting that
+server through the project's own trial, every level measured: trial id "schedule", sampler
+"schedule", a row of the trials table with its levels. Where the static best is a chain it also
+boots the mode with the static config's steps in one slot ("schedule-same"): the cost of the
+mode itself against the plain static server. Both run as Ray tasks on a trial's resources, as
+the baseline does. The report (`report/validation.py`) sets them against the static and
+per-level configs.
 
 What cannot boot a schedule is said in one line and costs no boot: a backend whose engine does
 not boot one from a file (only SGLang's adaptive mode, and the simulator's copy of it, do), an
@@ -23,7 +24,7 @@ import os
 import time
 from typing import Any
 
-from ..backends import Backend, get_backend
+from ..backends import Backend, ScheduleAsk, get_backend
 from ..config import BackendConfig, Experiment
 from ..objective import scalar_score
 from ..records import TrialResult
@@ -54,7 +55,7 @@ def schedule_trial_params(backend: Backend, cfg: BackendConfig, base: dict[str, 
 def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], str]:
     """([(trial id, params)], '') for the validation trials, or ([], why there are none).
     Writes the adaptive-config files they read."""
-    from ..report import formats, recommend
+    from ..report import recommend
     from ..report.data import read_run
 
     exp = plan.exp
@@ -67,24 +68,32 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     sched = recommend.schedule(data)
     if sched.withheld:
         return [], f"schedule validation: not booted. {sched.withheld}"
-    if sched.sglang is None or sched.params is None:
+    mine = backend.schedule_file(exp.backend, sched.ask) if sched.ask is not None else None
+    if mine is None or mine.content is None or sched.params is None:
         return [], "schedule validation: no schedule to boot (no level is best with speculation)"
     folder = os.path.join(str(plan.local_dir), SCHEDULE_DIR)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, recommend.SGLANG_SCHEDULE_FILE)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(sched.sglang, f)
+    path = _write(folder, mine.file_name, mine.content)
     first = int(sched.params[STEPS])
     trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp.backend, sched.params, first, path))]
     best = data.best
     steps = int(best.param(STEPS) or 0) if best is not None else 0
     if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
-        same = os.path.join(folder, "sglang-adaptive-config-same-steps.json")
-        with open(same, "w", encoding="utf-8") as f:
-            json.dump(formats.sglang_config([(1, steps)]), f)
+        same_steps = backend.schedule_file(exp.backend, ScheduleAsk(slots=((1, steps),)))
+        if same_steps is None or same_steps.content is None:
+            return trials, ""
+        stem, ext = os.path.splitext(same_steps.file_name)
+        same = _write(folder, f"{stem}-same-steps{ext}", same_steps.content)
         trials.append((SAME_ID, schedule_trial_params(backend, exp.backend, best.params, steps,
                                                       same)))
     return trials, ""
+
+
+def _write(folder: str, name: str, content: dict[str, Any]) -> str:
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f)
+    return path
 
 
 def run_validation(plan: RunPlan) -> list[TrialResult]:

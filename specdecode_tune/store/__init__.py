@@ -15,8 +15,6 @@ Modules, each building on the ones before it:
 - `codec`: records as JSON values and back, and a Tune trial's checkpoint folder;
 - `rows`: records to Arrow tables and table rows back to records;
 - `tables`: write a level / a trial / a level's telemetry, read a table with its full schema.
-
-`specdecode_tune.results` is the older name of this package's table API and re-exports it.
 """
 
 from __future__ import annotations

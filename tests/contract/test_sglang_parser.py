@@ -230,9 +230,10 @@ def report_cases(models: dict[str, Path], run_dir: Path) -> dict[str, Case]:
     cases = {}
     assert rec.command is not None, rec.command_note
     cases["report/recommended"] = Case(swap_models(shlex.split(rec.command)[3:], models) + CPU)
-    if sched.sglang_command is not None:
+    sglang_file = sched.file("sglang")
+    if sglang_file is not None and sglang_file.command is not None:
         cases["report/schedule"] = Case(
-            swap_models(shlex.split(sched.sglang_command)[3:], models) + CPU)
+            swap_models(shlex.split(sglang_file.command)[3:], models) + CPU)
     return cases
 
 

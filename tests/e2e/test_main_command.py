@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.config import load_experiment
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
 from tests.conftest import REPO
@@ -39,7 +39,7 @@ def test_default_search_from_the_readme(tmp_path: Path) -> None:
             assert expected in text, expected
         run_dir = tmp_path / "sim-default"
         exp = load_experiment(REPO / "experiments" / "sim-default.toml")
-        tables = results.read_tables(str(run_dir))
+        tables = store.read_tables(str(run_dir))
         trials = tables.trials.to_pylist()
         spec = [r for r in trials if r["trial_id"] != "baseline"]
         assert text.count("\ntrial ") == len(spec)           # one line per finished trial

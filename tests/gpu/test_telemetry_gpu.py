@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.telemetry import TelemetrySampler, gpu_handles
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -58,9 +58,9 @@ def test_sampler_reads_the_trials_gpus(tmp_path: Path) -> None:
     assert first.mem_total_mib and first.mem_total_mib > 1000
     assert first.sm_clock_mhz and first.mem_clock_mhz and first.power_w is not None
     assert first.clock_events_mask is not None
-    path = results.write_telemetry(tmp_path, "gpu", "c1", level.samples)
+    path = store.write_telemetry(tmp_path, "gpu", "c1", level.samples)
     assert path is not None
-    assert results.read_table(tmp_path, "telemetry").num_rows == len(level.samples)
+    assert store.read_table(tmp_path, "telemetry").num_rows == len(level.samples)
 
 
 def test_gpu_check_script(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results, trial
+from specdecode_tune import store, trial
 from specdecode_tune.config import load_experiment
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.server import ServerProcess, process_group_alive
@@ -103,7 +103,7 @@ def assert_gone(started: list[tuple[int, int]]) -> None:
 
 
 def run(tmp_path: Path, exp_path: Path, sampled: dict = STEPS3, trial_id: str = "t"
-        ) -> tuple[trial.TrialResult, results.RunTables, float, str]:
+        ) -> tuple[trial.TrialResult, store.RunTables, float, str]:
     exp = load_experiment(exp_path)
     ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
                        trial_id=trial_id)
@@ -111,14 +111,14 @@ def run(tmp_path: Path, exp_path: Path, sampled: dict = STEPS3, trial_id: str = 
     result = run_trial(exp, sampled, ctx)
     wall = time.monotonic() - t0
     log = (tmp_path / "logs" / f"{trial_id}.log").read_text(errors="replace")
-    return result, results.read_tables(ctx.run_dir), wall, log
+    return result, store.read_tables(ctx.run_dir), wall, log
 
 
 def injected(log: str, kind: str) -> int:
     return len(re.findall(rf"fault {re.escape(kind)} injected", log))
 
 
-def assert_tables_hold(result: trial.TrialResult, tables: results.RunTables) -> None:
+def assert_tables_hold(result: trial.TrialResult, tables: store.RunTables) -> None:
     """The trial row says what the result says; every finished level has its row and its
     requests, and nothing else is there."""
     rows = tables.trials.to_pylist()
@@ -304,7 +304,7 @@ def test_the_search_goes_on_through_faults(tmp_path: Path) -> None:
         assert "Best config:" in out.stdout
         assert "-> infeasible: oom:" in out.stdout          # progress says what happened
         assert "-> failed: server exited during the run" in out.stdout
-        rows = results.read_tables(str(tmp_path / "runs" / "sim-small")).trials.to_pylist()
+        rows = store.read_tables(str(tmp_path / "runs" / "sim-small")).trials.to_pylist()
         by_steps = {}
         for r in rows:
             by_steps.setdefault(json.loads(r["params_json"])["speculative_num_steps"], r)

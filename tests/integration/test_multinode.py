@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from tests.conftest import DATA, REPO, pick_free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -189,7 +189,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def trials_rows(run_dir: Path) -> list[dict]:
     if not (run_dir / "tables" / "trials").exists():
         return []
-    return results.read_tables(str(run_dir)).trials.to_pylist()
+    return store.read_tables(str(run_dir)).trials.to_pylist()
 
 
 def tune_nodes(run_dir: Path) -> dict[str, list[str]]:
@@ -296,7 +296,7 @@ def test_search_spans_two_nodes_and_survives_losing_one(tmp_path: Path,
     assert "Trials did not complete" not in out + resumed
 
     # One run dir for both nodes: every table is complete, with no row twice.
-    tables = results.read_tables(str(run_dir))
+    tables = store.read_tables(str(run_dir))
     lv = [(r["trial_id"], r["concurrency"]) for r in tables.levels.to_pylist()]
     assert len(lv) == len(set(lv)), "a level row was written twice"
     assert {t for t, _ in lv} <= set(ids), "level rows of a trial that has no row"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
 from tests.conftest import DATA, REPO, pid_alive
 
@@ -63,7 +63,7 @@ def start_search(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
 
 
 def trials_rows(run_dir: Path) -> list[dict]:
-    return results.read_tables(str(run_dir)).trials.to_pylist()
+    return store.read_tables(str(run_dir)).trials.to_pylist()
 
 
 def test_search_pins_disjoint_pairs_and_survives_an_infeasible_config(
@@ -99,7 +99,7 @@ def test_search_pins_disjoint_pairs_and_survives_an_infeasible_config(
                 overlaps += 1
                 assert not set(a["gpu_ids"]) & set(b["gpu_ids"]), (a, b)
     assert overlaps >= 1, "no two trials ran at the same time"
-    levels = results.read_tables(str(tmp_path / "runs" / "sim-small")).levels
+    levels = store.read_tables(str(tmp_path / "runs" / "sim-small")).levels
     assert levels.num_rows == 2 * len(ok)
 
 
@@ -144,7 +144,7 @@ def test_sigkill_the_driver_then_resume(tmp_path: Path, test_env: dict) -> None:
     explored = [r for r in rows if r["trial_id"] != "baseline" and r["repeat"] == 0]
     assert len(explored) == 5, [r["trial_id"] for r in explored]
     assert {r["trial_id"] for r in before} <= set(ids)       # nothing lost
-    tables = results.read_tables(str(run_dir))
+    tables = store.read_tables(str(run_dir))
     lv = [(r["trial_id"], r["concurrency"]) for r in tables.levels.to_pylist()]
     assert len(lv) == len(set(lv)), "a level row was written twice"
     for r in rows:
@@ -353,7 +353,7 @@ def test_the_sharegpt_twin_runs_from_the_readme_command(tmp_path: Path, test_env
     md = (run_dir / "report" / "report.md").read_text()
     assert "## Levels: goodput and saturation" in md and "fraction good [95% CI]" in md
     assert (run_dir / "report" / "goodput.png").is_file()
-    tables = results.read_tables(str(run_dir))
+    tables = store.read_tables(str(run_dir))
     levels = tables.levels.to_pylist()
     assert levels and all(r["slo_good"] is not None and r["slo_total"] for r in levels)
     rows = [r for r in tables.requests.to_pylist() if r["verify_ct"]]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.config import load_experiment
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.sim.model import Workload, predict, startup
@@ -57,7 +57,7 @@ def test_trial_measures_what_the_model_predicts(tmp_path: Path) -> None:
     c16 = next(lv for lv in result.levels if lv.concurrency == 16)
     assert c16.over_running_limit == (16 > want.max_running_requests)  # noqa: SIM300 (C first)
 
-    tables = results.read_tables(ctx.run_dir)
+    tables = store.read_tables(ctx.run_dir)
     assert tables.trials.num_rows == 1 and tables.levels.num_rows == 2
     assert tables.trials.column("status").to_pylist() == ["ok"]
     stored = json.loads(tables.trials.column("facts_json").to_pylist()[0])
@@ -90,7 +90,7 @@ def test_a_trial_reads_the_same_from_either_releases_words(tmp_path: Path, versi
     facts = startup(load_profile("seed-qwen35-122b"), params)
     assert result.facts.extra[MEMORY_ROOM] == pytest.approx(facts.memory_room, abs=1e-4)
     assert result.facts.extra[GRAPH_MEMORY] == pytest.approx(facts.graph_memory, abs=1e-4)
-    rows = [r for r in results.read_tables(ctx.run_dir).requests.to_pylist()
+    rows = [r for r in store.read_tables(ctx.run_dir).requests.to_pylist()
             if r["in_window"] and r["verify_ct"]]
     assert rows
     for r in rows:   # accepted + one token per verify step + the prefill's token
@@ -109,7 +109,7 @@ def test_refused_config_is_an_infeasible_result(tmp_path: Path) -> None:
     assert result.status == "infeasible"
     assert result.reason.startswith("kv_memory:") and "Not enough memory" in result.reason
     assert time.monotonic() - t0 < 20
-    row = results.read_tables(ctx.run_dir).trials.to_pylist()[0]
+    row = store.read_tables(ctx.run_dir).trials.to_pylist()[0]
     assert row["status"] == "infeasible" and row["n_levels"] == 0
 
 
@@ -144,7 +144,7 @@ def test_a_level_where_every_request_failed_fails_the_trial_with_the_servers_wor
     (lv,) = result.levels
     assert lv.concurrency == 1 and lv.suspect and lv.output_tok_s == 0.0
     assert lv.note.startswith("no request succeeded, not a measurement: ")
-    tables = results.read_tables(ctx.run_dir)
+    tables = store.read_tables(ctx.run_dir)
     row = tables.trials.to_pylist()[0]
     assert (row["status"], row["reason"], row["n_levels"]) == ("failed", result.reason, 1)
     details = {r["error_detail"] for r in tables.requests.to_pylist()}

@@ -454,3 +454,17 @@ def test_sglang_memory_facts_from_its_boot_log() -> None:
     assert sglang.memory_facts(log.splitlines()[0]) == {}
     for kind in ("vllm", "llamacpp"):
         assert get_backend(kind).memory_facts(log) == {}
+
+
+@pytest.mark.parametrize("kind", sorted(BACKENDS))
+def test_the_running_limit_is_the_servers_else_the_flag_it_was_given(kind: str) -> None:
+    """What a closed loop over the limit queues behind: the booted server's own figure where
+    it says one (SGLang's scheduler, llama.cpp's slots), else the engine's flag for
+    max_running_requests (vLLM's --max-num-seqs: it reports none)."""
+    from specdecode_tune.records import ServerFacts
+
+    b = get_backend(kind)
+    assert b.running_limit(ServerFacts(max_running_requests=12), {"max_running_requests": 8}) \
+        == 12
+    assert b.running_limit(ServerFacts(), {"max_running_requests": 8}) == 8
+    assert b.running_limit(ServerFacts(), {}) is None

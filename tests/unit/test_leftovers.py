@@ -18,8 +18,13 @@ from pathlib import Path
 import pytest
 
 from specdecode_tune.errors import RunInUse
-from specdecode_tune.leftovers import RUN_TOKEN_ENV, driver_processes, reap_driver, record_driver
 from specdecode_tune.procfs import pid_running, start_ticks
+from specdecode_tune.search.leftovers import (
+    RUN_TOKEN_ENV,
+    driver_processes,
+    reap_driver,
+    record_driver,
+)
 from specdecode_tune.store.rundir import DRIVER_FILE
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]

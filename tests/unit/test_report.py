@@ -1,6 +1,6 @@
 """report: verdicts, recommendation, schedule and command line from known tables.
 
-Each test builds a run dir with `results.write_level` / `results.write_trial` from synthetic
+Each test builds a run dir with `store.write_level` / `store.write_trial` from synthetic
 trials whose figures are known (a no-speculation baseline first), writes the report and checks
 what a reader would see against what the data says.
 """
@@ -20,12 +20,12 @@ from typing import Any
 import matplotlib.image
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
 from specdecode_tune.report.data import read_run
-from specdecode_tune.report.recommend import recommend, schedule
+from specdecode_tune.report.recommend import Schedule, recommend, schedule
 from specdecode_tune.report.verdicts import shape, verdicts
 from specdecode_tune.space import resolve
 
@@ -97,7 +97,7 @@ class Run:
             s = level(c, v, accept=min(steps + 1, 1 + 0.8 * steps) if steps else None,
                       suspect=c in level_suspect, note="clocks throttled"
                       if c in level_suspect else "")
-            results.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
+            store.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
             levels.append(s)
         facts = ServerFacts(max_total_num_tokens=455357 - 40000 * steps,
                             max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps))
@@ -105,7 +105,7 @@ class Run:
                              facts=facts if status == "ok" else ServerFacts(),
                              levels=tuple(levels), repeat=repeat, suspect=suspect)
         self.n += 1
-        results.write_trial(self.path, result, extra={
+        store.write_trial(self.path, result, extra={
             "jump_reason": jump, "bracket_reason": bracket,
             "finished_at": 1_700_000_000 + self.n, "node": "test",
             "score": score, "predicted": None if predicted is None else json.dumps(predicted)})
@@ -407,6 +407,20 @@ def test_no_experiment_means_no_command_and_says_why(tmp_path: Path) -> None:
     assert "no launch command: no experiment.toml in the run dir" in md
 
 
+def content(s: Schedule, engine: str) -> Any:
+    """The JSON of that engine's schedule file, as its backend wrote it."""
+    f = s.file(engine)
+    assert f is not None, engine
+    return f.content
+
+
+def command(s: Schedule, engine: str) -> str:
+    """That engine's command for its file ('' where it has none)."""
+    f = s.file(engine)
+    assert f is not None, engine
+    return f.command or ""
+
+
 def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     # steps=5 is +8.3% at C=1 (beyond noise) and -30% at C=16: a schedule pays.
     seed_run(tmp_path, curve={**SEED, 5: {1: 300, 16: 1119}})
@@ -420,20 +434,22 @@ def test_schedule_per_level_and_its_formats(tmp_path: Path) -> None:
     # Keys are running batches: the schedule server has steps 5's KV pool, whose running limit
     # (11) is what C=16 runs; a batch between 1 and 11 takes the steps of the nearer level in
     # log scale, so C=16's slot starts at ceil(sqrt(1 * 11)) = 4 (its dips below 11 stay in it).
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
-    assert s.trtllm == {1: 5, 3: 5, 11: 4}
-    assert s.vllm == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
+    assert content(s, "sglang") == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
+    assert content(s, "trtllm")["draft_len_schedule"] == {1: 5, 3: 5, 11: 4}
+    assert content(s, "vllm") == {"method": "eagle3", "model": "Qwen3.5-122B-A10B-EAGLE3",
                       "num_speculative_tokens": 5,
                       "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 4, 4]]}
-    assert s.sglang_command is not None
+    assert command(s, "sglang")
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
-           "--speculative-num-draft-tokens 6" in s.sglang_command
+           "--speculative-num-draft-tokens 6" in command(s, "sglang")
     assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" \
-        in s.sglang_command
+        in command(s, "sglang")
     out = write_report(str(tmp_path))
     paths = {Path(p).name: p for p in out.schedule_paths}
-    assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == s.sglang
-    assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == s.vllm
+    assert json.loads(Path(paths["sglang-adaptive-config.json"]).read_text()) == \
+        content(s, "sglang")
+    assert json.loads(Path(paths["vllm-speculative-config.json"]).read_text()) == \
+        content(s, "vllm")
 
 
 @pytest.mark.parametrize(("version", "words"), [
@@ -453,8 +469,8 @@ def test_schedule_command_only_for_a_release_that_takes_it(tmp_path: Path, versi
         (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
             "tp_size = 2\n", f'tp_size = 2\nengine_version = "{version}"\n', 1))
     s = schedule(read_run(str(tmp_path)))
-    assert s.sglang == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
-    assert s.sglang_command is None
+    assert content(s, "sglang") == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [4]}}
+    assert command(s, "sglang") == ""
     note = next(n for n in s.notes if n.startswith("No SGLang schedule command"))
     assert words in note and "needs SGLang >= 0.5.13" in note
     out = write_report(str(tmp_path))
@@ -467,7 +483,7 @@ def test_schedule_does_not_switch_for_a_gain_inside_the_noise(tmp_path: Path) ->
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps, e.within_noise) for e in s.entries] == [(1, 5, True), (16, 4, False)]
     assert [(e.c, e.steps, e.kept_static) for e in s.chain] == [(1, 4, True), (16, 4, False)]
-    assert s.sglang == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [4]}}
+    assert content(s, "sglang") == {"1": {"candidate_steps": [4]}, "4": {"candidate_steps": [4]}}
     assert any("only within noise" in n for n in s.notes)
     assert any("equals the static config" in n for n in s.notes)
 
@@ -478,8 +494,8 @@ def test_schedule_keeps_no_speculation_where_the_baseline_wins(tmp_path: Path) -
     run.add("b", {"speculative_num_steps": 2}, {1: 186, 16: 990})
     s = schedule(read_run(str(tmp_path)))
     assert [(e.c, e.steps) for e in s.chain] == [(1, 3), (16, 0)]
-    assert s.sglang == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
+    assert content(s, "sglang") == {"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}
+    assert content(s, "vllm")["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
 
 
 def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> None:
@@ -499,7 +515,7 @@ def test_no_schedule_is_offered_where_it_loses_beyond_noise(tmp_path: Path) -> N
     assert s.withheld is not None
     assert "at C=1 -20.9%;" in s.withheld and "C=16" not in s.withheld
     assert s.withheld.endswith("recommended: the static config")
-    assert s.sglang is None and s.vllm is None and s.trtllm is None
+    assert s.files == ()
     out = write_report(str(tmp_path))
     assert not any(line.startswith("Per-level schedule") for line in out.summary_lines)
     assert s.withheld + "." in out.summary_lines
@@ -522,8 +538,8 @@ def test_report_says_how_well_and_how_long_each_level_was_measured(tmp_path: Pat
               dataclasses.replace(level(16, 1596), rounds=3, precision=0.018, level_s=14.0,
                                   note=why)]
     for s in levels:
-        results.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
-    results.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
+        store.write_level(tmp_path, "t4", s, [], params=params, repeat=0)
+    store.write_trial(tmp_path, TrialResult(trial_id="t4", params=params, status="ok",
                                               facts=ServerFacts(max_running_requests=14),
                                               levels=tuple(levels)),
                         extra={"finished_at": 1_700_000_100, "node": "test"})
@@ -556,13 +572,13 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
         "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
     assert '"num_speculative_tokens":3' in rec.command
     s = schedule(data)
-    assert s.vllm is not None and s.vllm["method"] == "mtp"      # the backend's name for NEXTN
-    assert s.vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
+    assert content(s, "vllm")["method"] == "mtp"      # the backend's name for NEXTN
+    assert content(s, "vllm")["num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
     # The vLLM backend's own command (its flags as the static launch command has them).
-    assert s.vllm_command is not None and "--gpu-memory-utilization 0.9" in s.vllm_command
-    assert '"num_speculative_tokens":5' in s.vllm_command
-    assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in s.vllm_command
-    assert s.sglang_command is None      # not an SGLang experiment: the JSON only
+    assert "--gpu-memory-utilization 0.9" in command(s, "vllm")
+    assert '"num_speculative_tokens":5' in command(s, "vllm")
+    assert '"num_speculative_tokens_per_batch_size":[[1,3,5],[4,4,3]]' in command(s, "vllm")
+    assert command(s, "sglang") == ""      # not an SGLang experiment: the JSON only
     # ... and the backend's own line on why the file boots nothing here.
     assert any(n.startswith("vLLM's per-batch-size K (in --speculative-config) is not booted")
                for n in s.notes)
@@ -570,8 +586,8 @@ def test_vllm_experiment_gets_vllm_commands(tmp_path: Path) -> None:
     (tmp_path / "experiment.toml").write_text(EXPERIMENT.replace(
         'kind = "sim"', 'kind = "sglang"\nspeculative_algorithm = "NEXTN"'))
     s = schedule(read_run(str(tmp_path)))
-    assert s.vllm is not None and s.vllm["method"] == "mtp"
-    assert s.vllm_command is not None and s.vllm_command.startswith(
+    assert content(s, "vllm")["method"] == "mtp"
+    assert command(s, "vllm").startswith(
         "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
 
 
@@ -646,11 +662,11 @@ def test_search_closing_table_prints_the_reports_medians(tmp_path: Path,
     the same figures: the medians over the best config's measurements, not its first run."""
     from types import SimpleNamespace
 
-    from specdecode_tune import search
+    from specdecode_tune.search import summary
 
     run = seed_run(tmp_path)
     run.add("t04r1", {"speculative_num_steps": 4}, {1: 270.0, 16: 1580.0}, repeat=1)
-    search._report(SimpleNamespace(run_dir=str(tmp_path)))      # type: ignore[arg-type]
+    summary.report(SimpleNamespace(run_dir=str(tmp_path)))      # type: ignore[arg-type]
     out = " ".join(capsys.readouterr().out.split())
     assert "best config, per level (median of 2 measurement(s))" in out
     # steps=4 measured 277 and 270 at C=1, 1596 and 1580 at C=16: medians 273.5 and 1588.

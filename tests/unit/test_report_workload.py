@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, RequestRecord, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.data import read_run
@@ -57,9 +57,9 @@ def add(path: Path, n: int, trial_id: str, steps: int, levels: list[LevelSummary
     params = resolve({"speculative_num_steps": steps}, {"cuda_graph_max_bs": 64})
     reqs = [request(i, 100, round(100 / a) if steps else None) for i, a in enumerate(accept)]
     for k, s in enumerate(levels):
-        results.write_level(path, trial_id, s, reqs if k == 0 else [], params=params,
+        store.write_level(path, trial_id, s, reqs if k == 0 else [], params=params,
                             repeat=repeat)
-    results.write_trial(path, TrialResult(
+    store.write_trial(path, TrialResult(
         trial_id=trial_id, params=params, status="ok", facts=ServerFacts(max_running_requests=20),
         levels=tuple(levels), repeat=repeat), extra={"finished_at": 1_700_000_000 + n,
                                                      "node": "test"})

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, RequestRecord, ServerFacts, TrialResult
-from specdecode_tune.results import (
+from specdecode_tune.store import (
     LEVELS_SCHEMA,
     REQUESTS_SCHEMA,
     TRIALS_SCHEMA,
@@ -123,7 +123,7 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path: Path) -> None:
     assert records_from_request_table(t.requests, level=16) == reqs16
     assert records_from_level_table(t.levels, trial_id="t0001") == [l8, l16]
     assert levels_by_trial(t.levels) == {"t0001": (l8, l16)}
-    assert results.level_summaries(t.levels) == [("t0001", l8), ("t0001", l16)]
+    assert store.level_summaries(t.levels) == [("t0001", l8), ("t0001", l16)]
     assert trial_results_from_tables(t) == [trial(levels=(l8, l16))]
 
     row = t.trials.to_pylist()[0]
@@ -141,16 +141,16 @@ def test_round_trip_keeps_values_and_exact_types(tmp_path: Path) -> None:
 
 def test_checkpoint_dicts_round_trip_through_json() -> None:
     summary, facts = level(8), trial().facts
-    assert results.level_from_dict(json.loads(json.dumps(results.level_to_dict(summary)))) \
+    assert store.level_from_dict(json.loads(json.dumps(store.level_to_dict(summary)))) \
         == summary
-    assert results.facts_from_dict(json.loads(json.dumps(results.facts_to_dict(facts)))) \
+    assert store.facts_from_dict(json.loads(json.dumps(store.facts_to_dict(facts)))) \
         == facts
     with pytest.raises(ValueError, match="not LevelSummary fields: \\['tok_s'\\]"):
-        results.level_from_dict({**results.level_to_dict(summary), "tok_s": 1.0})
+        store.level_from_dict({**store.level_to_dict(summary), "tok_s": 1.0})
 
 
 def test_chunk_gaps_are_stored_as_float32() -> None:
-    table = results.requests_table("t", [dataclasses.replace(request(1), chunk_gaps=(0.1,))],
+    table = store.requests_table("t", [dataclasses.replace(request(1), chunk_gaps=(0.1,))],
                                    params=PARAMS, repeat=0)
     assert table["chunk_gaps"].type == pa.list_(pa.float32())
     assert table["chunk_gaps"][0].as_py() == [pytest.approx(0.1, rel=1e-7)]
@@ -185,7 +185,7 @@ def test_failed_trial_without_facts_or_levels(tmp_path: Path) -> None:
     accept_histogram=st.lists(st.integers(0, 2**40), max_size=8).map(tuple),
     in_window=st.booleans(), error=st.one_of(st.none(), st.text(max_size=30))), max_size=20))
 def test_any_request_records_round_trip_through_parquet(records: list[RequestRecord]) -> None:
-    table = results.requests_table("t", records, params=PARAMS, repeat=0)
+    table = store.requests_table("t", records, params=PARAMS, repeat=0)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     back = pq.read_table(pa.BufferReader(sink.getvalue()), schema=REQUESTS_SCHEMA)
@@ -234,7 +234,7 @@ def test_leftover_temp_files_are_invisible(tmp_path: Path) -> None:
 
 KILLED_WRITER = """
 import os, signal, sys
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.store import files
 from tests.unit.test_results import PARAMS, level, request
 real_fsync = files._fsync
@@ -243,7 +243,7 @@ def die_before_rename(path, directory=False):
         os.kill(os.getpid(), signal.SIGKILL)   # the temp file is complete, the rename not done
     real_fsync(path, directory)
 files._fsync = die_before_rename
-results.write_level(sys.argv[1], "t0001", level(8, output_tok_s=999.0),
+store.write_level(sys.argv[1], "t0001", level(8, output_tok_s=999.0),
                     [request(i) for i in range(9)], params=PARAMS, repeat=0)
 """
 
@@ -296,7 +296,7 @@ def test_file_uri_and_plain_path_are_the_same_place(tmp_path: Path) -> None:
 def test_files_from_an_older_schema_keep_every_column(tmp_path: Path) -> None:
     # The RAY_OPTUNA.md trap: a dataset read without a schema takes the first file's columns.
     write_trial(tmp_path, trial("t0002"), extra={"sampler": "tpe", "score": 1.5})
-    old = results.trials_table(trial("t0001")).drop_columns(["sampler", "jump_reason", "score"])
+    old = store.trials_table(trial("t0001")).drop_columns(["sampler", "jump_reason", "score"])
     pq.write_table(old, tmp_path / "tables" / "trials" / "t0001.parquet")   # sorts first
     t = read_tables(tmp_path).trials
     assert t.schema.equals(TRIALS_SCHEMA)
@@ -308,7 +308,7 @@ def test_files_from_an_older_schema_keep_every_column(tmp_path: Path) -> None:
 def test_requests_written_before_error_detail_read_back_without_it(tmp_path: Path) -> None:
     fresh = dataclasses.replace(request(1, error="http 400"), error_detail="http 400: too long")
     write_level(tmp_path, "t0002", level(8), [fresh], params=PARAMS, repeat=0)
-    old = results.requests_table("t0001", [request(0, error="http 400")], params=PARAMS,
+    old = store.requests_table("t0001", [request(0, error="http 400")], params=PARAMS,
                                  repeat=0).drop_columns(["error_detail"])
     pq.write_table(old, tmp_path / "tables" / "requests" / "t0001-c8.parquet")  # sorts first
     t = read_tables(tmp_path).requests
@@ -319,7 +319,7 @@ def test_requests_written_before_error_detail_read_back_without_it(tmp_path: Pat
 
 def test_read_table_rejects_unknown_names(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="got 'level'"):
-        results.read_table(tmp_path, "level")
+        store.read_table(tmp_path, "level")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The report's schedule formats, each checked against the engine's own rules as its source
-defines them (docs/schedule.md names the files and functions): SGLang's adaptive config (the
-simulator's copy of `_load_adaptive_config` and `AdaptiveStepRouter`), vLLM's
+"""The engines' schedule formats (each in its backend), each checked against the engine's own rules
+as its source defines them (docs/schedule.md names the files and functions): SGLang's adaptive
+config (the simulator's copy of `_load_adaptive_config` and `AdaptiveStepRouter`), vLLM's
 `num_speculative_tokens_per_batch_size` (`vllm/v1/spec_decode/dynamic/utils.py`'s checks) and
 TensorRT-LLM's `draft_len_schedule` (`llm_args.py` `validate_draft_len_schedule_and_sort`,
 `_torch/speculative/utils.py` `get_draft_len_for_batch_size`). Each format must route every
@@ -8,12 +8,18 @@ batch size to the steps the schedule meant."""
 
 from __future__ import annotations
 
+import ast
 import bisect
+from pathlib import Path
 
 import pytest
 
-from specdecode_tune.report import formats
+import specdecode_tune
+from specdecode_tune.backends import BACKENDS, ScheduleAsk, schedule_files, sglang, trtllm, vllm
+from specdecode_tune.backends.schedule import NOTHING
+from specdecode_tune.config import BackendConfig
 from specdecode_tune.sim import adaptive
+from specdecode_tune.space import STEPS, resolve
 
 SLOTS = [
     [(1, 8), (4, 6), (11, 3), (40, 0)],
@@ -52,7 +58,7 @@ def trtllm_check(schedule: dict[int, int], max_draft_len: int) -> None:
 
 @pytest.mark.parametrize("slots", SLOTS)
 def test_sglang_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
-    content = formats.sglang_config(slots)
+    content = sglang.adaptive_config(slots)
     parsed = adaptive.parse_config(content)       # SGLang's loader (a copy), its errors
     assert all(len(c) == 1 for _, c in parsed)    # one candidate: the EMA never moves it
     # No CUDA-graph padding (batch sizes above the captured ones) routes by the keys alone.
@@ -63,33 +69,33 @@ def test_sglang_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> Non
 
 @pytest.mark.parametrize("slots", SLOTS)
 def test_vllm_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
-    ranges = formats.vllm_ranges(slots)
+    ranges = vllm.per_batch_size_ranges(slots)
     top = max(k for _, k in slots)
     vllm_check(ranges, top)
     for batch in range(1, 80):
-        assert formats.vllm_k(ranges, batch) == intended(slots, batch), batch
+        assert vllm.k_for_batch(ranges, batch) == intended(slots, batch), batch
 
 
 @pytest.mark.parametrize("slots", [s for s in SLOTS if s[0][1] == max(k for _, k in s)])
 def test_trtllm_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
     top_batch = 48
-    schedule, why = formats.trtllm_schedule(slots, top_batch)
+    schedule, why = trtllm.draft_len_schedule(slots, top_batch)
     assert schedule is not None and why == ""
     trtllm_check(schedule, max(k for _, k in slots))
     for batch in range(1, top_batch + 1):
-        assert formats.trtllm_draft_len(schedule, batch) == intended(slots, batch), batch
+        assert trtllm.draft_len_for_batch(schedule, batch) == intended(slots, batch), batch
     # Past the last key TensorRT-LLM drafts nothing (min_draft_len, 0 by default).
-    assert formats.trtllm_draft_len(schedule, top_batch + 1) == 0
+    assert trtllm.draft_len_for_batch(schedule, top_batch + 1) == 0
 
 
 def test_trtllm_cannot_express_a_schedule_that_drafts_more_above_batch_one() -> None:
-    schedule, why = formats.trtllm_schedule([(1, 0), (16, 2)], 48)
+    schedule, why = trtllm.draft_len_schedule([(1, 0), (16, 2)], 48)
     assert schedule is None and "draft_len_schedule[1] must equal max_draft_len" in why
 
 
 def test_a_schedule_must_start_at_one() -> None:
     with pytest.raises(ValueError, match="starts at batch size 1"):
-        formats.sglang_config([(4, 3)])
+        sglang.adaptive_config([(4, 3)])
 
 
 def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
@@ -106,7 +112,7 @@ def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
 
     slots, note = schedule_slots(chain((1, 12), (4, 8), (16, 5), (64, 4)), None)
     assert slots == [(1, 12), (2, 8), (8, 5), (32, 4)] and note == ""
-    conf = formats.sglang_config(slots)
+    conf = sglang.adaptive_config(slots)
     keys = sorted(int(k) for k in conf)
     for batch, steps in ((1, 12), (3, 8), (4, 8), (14, 5), (15, 5), (16, 5), (40, 4), (64, 4)):
         key = keys[bisect.bisect_right(keys, batch) - 1]      # SGLang: the largest key <= batch
@@ -114,3 +120,91 @@ def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
     # Running batches, not concurrency: with a running limit of 11, C=16 and C=64 both run 11.
     slots, note = schedule_slots(chain((1, 12), (4, 8), (16, 5), (64, 4)), 11)
     assert slots == [(1, 12), (2, 8), (7, 4)] and "C=64" in note
+
+
+# ---------------------------------------------------------------------------------------------
+# The seam: each engine's backend writes its own file; the report renders what they return.
+
+ASK = ScheduleAsk(slots=((1, 5), (4, 3)), params=resolve({STEPS: 5}, {}), top_steps=5,
+                  running_limit=11)
+
+
+def cfg(kind: str, **kw: object) -> BackendConfig:
+    base: dict[str, object] = {"kind": kind, "model_path": "Qwen/Qwen3.5-122B-A10B",
+                               "draft_model_path": "/models/eagle3",
+                               "speculative_algorithm": "EAGLE3", "tp_size": 2}
+    base.update(kw)
+    return BackendConfig(**base)  # type: ignore[arg-type]
+
+
+def test_every_format_once_in_the_reports_order_for_an_experiment_of_any_engine() -> None:
+    for exp in (None, *(cfg(kind) for kind in BACKENDS)):
+        files = schedule_files(exp, ASK)
+        assert [f.engine for f in files] == ["sglang", "vllm", "trtllm"], exp
+        assert [f.file_name for f in files] == ["sglang-adaptive-config.json",
+                                                "vllm-speculative-config.json",
+                                                "trtllm-draft-len-schedule.json"]
+        assert all(f.content is not None and f.file_name in f.about for f in files)
+        # No schedule: every format says so, none writes a file.
+        assert [(f.content, f.about) for f in schedule_files(exp, None)] == [
+            (None, NOTHING)] * 3
+
+
+def test_the_command_is_the_experiments_own_engine_where_it_boots_the_file() -> None:
+    by = {f.engine: f for f in schedule_files(cfg("sim", engine_version="0.5.13"), ASK)}
+    # The simulator's experiment: SGLang's format written by the simulator's backend, whose
+    # command is SGLang's launch command for the file (the simulator stands in for SGLang).
+    sglang_cmd = by["sglang"].command
+    assert sglang_cmd is not None and sglang_cmd.startswith("python -m sglang.launch_server")
+    assert "--speculative-adaptive-config sglang-adaptive-config.json" in sglang_cmd
+    assert "--speculative-num-steps 5" in sglang_cmd
+    # Another engine's: vLLM's model and tensor parallelism with the JSON, K the largest.
+    vllm_cmd = by["vllm"].command
+    assert vllm_cmd is not None and vllm_cmd.startswith(
+        "vllm serve Qwen/Qwen3.5-122B-A10B --tensor-parallel-size 2 --speculative-config")
+    assert by["vllm"].content is not None and by["vllm"].content[
+        "num_speculative_tokens_per_batch_size"] == [[1, 3, 5], [4, 4, 3]]
+    assert "mem_fraction_static has no exact vLLM equivalent" in by["vllm"].about
+    assert by["trtllm"].command is None
+    assert by["trtllm"].content == {"draft_len_schedule": {1: 5, 3: 5, 11: 3}}
+    # A release that does not read the file: no command (the report says why, from
+    # schedule_params); a vLLM experiment: no SGLang command, its own vLLM one.
+    assert schedule_files(cfg("sim"), ASK)[0].command is None
+    vllm_own = schedule_files(cfg("vllm"), ASK)
+    assert vllm_own[0].command is None and vllm_own[1].command is not None
+    assert "no exact vLLM equivalent" not in vllm_own[1].about
+    # No experiment: the formats alone.
+    assert all(f.command is None for f in schedule_files(None, ASK))
+
+
+def test_trtllm_that_cannot_express_it_says_why_and_writes_nothing() -> None:
+    ask = ScheduleAsk(slots=((1, 0), (16, 2)), params=resolve({STEPS: 2}, {}), top_steps=2)
+    trt = schedule_files(None, ask)[2]
+    assert trt.content is None and "draft_len_schedule[1] must equal max_draft_len" in trt.why
+    assert "TensorRT-LLM needs batch 1 to draft the most" in trt.about
+
+
+def test_no_engine_is_named_outside_backends() -> None:
+    """The layout drawn from the imports: only backends/ imports an engine's module; the
+    report, the search and the trial reach the engines through the registry and the
+    protocol."""
+    engines = {"sglang", "vllm", "llamacpp", "trtllm", "sim", "sglang_argcheck"}
+    package = Path(specdecode_tune.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if (package / "backends") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                mods = [node.module] + names
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            for mod in mods:
+                parts = mod.split(".")
+                if "backends" in parts and parts[parts.index("backends") + 1:][:1] and \
+                        parts[parts.index("backends") + 1] in engines:
+                    found.append(f"{path.relative_to(package)}: {mod}")
+    assert found == []

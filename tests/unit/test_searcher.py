@@ -9,7 +9,7 @@ import pickle
 import optuna
 from ray.tune.search import Searcher
 
-from specdecode_tune.searcher import (
+from specdecode_tune.search.searcher import (
     FAILURE_STREAK,
     REPEAT_KEY,
     FailureStreak,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results
+from specdecode_tune import store
 from specdecode_tune.backends import BACKENDS
 from specdecode_tune.config import BackendConfig, load_experiment
 from specdecode_tune.errors import KeyRefused
@@ -152,7 +152,7 @@ def test_the_key_reaches_server_and_client_and_nothing_else(
 
     # Nowhere on disk: tables (read back as values, since Parquet pages are compressed), logs,
     # pidfiles, and the report.
-    tables = results.read_tables(ctx.run_dir)
+    tables = store.read_tables(ctx.run_dir)
     for table in tables:
         assert secret not in json.dumps(table.to_pylist(), default=str)
     try:

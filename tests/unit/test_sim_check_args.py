@@ -79,3 +79,18 @@ def test_the_backend_check_raises_the_one_line() -> None:
                                           r"argument\(s\) --nope \(from backend"):
         simargs.check("specdecode_tune.sim", ["--nope"])
     simargs.check("specdecode_tune.sim", ["--tp-size", "2"])
+
+
+def test_the_registry_says_each_points_refusal_in_order() -> None:
+    """`backends.refusals` over several points (the simulator through `common.each_refusal`):
+    per point, None or its one line, in the points' order."""
+    from specdecode_tune.backends import refusals
+    from specdecode_tune.config import BackendConfig
+
+    cfg = BackendConfig(kind="sim", model_path="m", speculative_algorithm="EAGLE")
+    spec = {"speculative_num_steps": 3, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4, "disable_radix_cache": True}
+    found = refusals(cfg, [spec, {**spec, "cuda_graph_max_bs": 0}, {"speculative_num_steps": 0}])
+    assert found[0] is None and found[2] is None
+    assert found[1] is not None and found[1].startswith("backend: the simulator refuses its "
+                                                        "arguments: --cuda-graph-max-bs = 0")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune import results, telemetry
+from specdecode_tune import store, telemetry
 from specdecode_tune.records import LevelSummary
 from specdecode_tune.telemetry import (
     GpuProcess,
@@ -616,11 +616,11 @@ def test_telemetry_table_round_trip(tmp_path: Path) -> None:
     other = GpuProcess(pid=4242, name="python", used_mib=512.0, gpu=1)
     samples = [sample(0, 0.0), sample(1, 0.0, mask=IDLE | POWER_CAP, foreign=(other,)),
                sample(0, 0.5, clock=None)]
-    path = results.write_telemetry(tmp_path, "t1", "c8", samples)
+    path = store.write_telemetry(tmp_path, "t1", "c8", samples)
     assert path is not None and path.endswith("tables/telemetry/t1-c8.parquet")
-    results.write_telemetry(tmp_path, "t0", "r2.5", [sample(0, 0.0)])
-    table = results.read_table(tmp_path, "telemetry")
-    assert table.schema.equals(results.TELEMETRY_SCHEMA)
+    store.write_telemetry(tmp_path, "t0", "r2.5", [sample(0, 0.0)])
+    table = store.read_table(tmp_path, "telemetry")
+    assert table.schema.equals(store.TELEMETRY_SCHEMA)
     rows = table.to_pylist()
     assert [(r["trial_id"], r["level"], r["t_s"], r["gpu"]) for r in rows] == \
         [("t0", "r2.5", 0.0, 0), ("t1", "c8", 0.0, 0), ("t1", "c8", 0.0, 1), ("t1", "c8", 0.5, 0)]
@@ -631,11 +631,11 @@ def test_telemetry_table_round_trip(tmp_path: Path) -> None:
 
 
 def test_telemetry_rewrite_replaces_and_empty_writes_nothing(tmp_path: Path) -> None:
-    results.write_telemetry(tmp_path, "t1", "c8", [sample(0, 0.0), sample(0, 0.5)])
-    results.write_telemetry(tmp_path, "t1", "c8", [sample(0, 0.0)])
-    assert results.read_table(tmp_path, "telemetry").num_rows == 1
-    assert results.write_telemetry(tmp_path, "t2", "c8", []) is None
+    store.write_telemetry(tmp_path, "t1", "c8", [sample(0, 0.0), sample(0, 0.5)])
+    store.write_telemetry(tmp_path, "t1", "c8", [sample(0, 0.0)])
+    assert store.read_table(tmp_path, "telemetry").num_rows == 1
+    assert store.write_telemetry(tmp_path, "t2", "c8", []) is None
     assert not (tmp_path / "tables" / "telemetry" / "t2-c8.parquet").exists()
-    assert results.read_table(tmp_path / "nothing", "telemetry").num_rows == 0
+    assert store.read_table(tmp_path / "nothing", "telemetry").num_rows == 0
     with pytest.raises(ValueError, match="level_tag"):
-        results.write_telemetry(tmp_path, "t1", "../c8", [sample()])
+        store.write_telemetry(tmp_path, "t1", "../c8", [sample()])
