@@ -225,7 +225,11 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
     except SearchStopped as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
+    try:
+        tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
+    except ConfigError as e:        # a run saved by an older layout (a resume reuses the
+        print(f"error: {e}", file=sys.stderr)   # baseline: nothing was booted)
+        return 2
     grid = tuner.fit()
     # A Ctrl-C during fit is caught by Tune, which saves its state, marks the running trials
     # TERMINATED and returns: a trial without its final result (every finished trial reports

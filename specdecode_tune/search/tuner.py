@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Experiment
+from ..errors import ConfigError
 from ..objective import metric_modes
 from ..records import LevelSummary
 from ..samplers import BASELINE_ATTR, baseline_attr
@@ -79,8 +80,18 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
     storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
     exp_path = f"{storage_path.rstrip('/')}/{plan.name}"
     if resume:
-        return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
-                                  resume_errored=False, restart_errored=False)
+        try:
+            return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
+                                      resume_errored=False, restart_errored=False)
+        except (ModuleNotFoundError, AttributeError) as e:
+            # A searcher pickled by an older layout names modules and classes that are gone
+            # (specdecode_tune.searcher, search._DefineByRunWithJump: removed 2026-12-06).
+            if "specdecode_tune" not in str(e):
+                raise
+            raise ConfigError(
+                f"--resume: {exp_path} was saved by an older specdecode_tune ({e}); it cannot "
+                f"be resumed by this one: start it again with --fresh (the old run dir is "
+                f"kept, renamed)") from None
     plan.local_dir.mkdir(parents=True, exist_ok=True)
     journal = JournalStorage(JournalFileBackend(str(rundir.journal_file(plan.local_dir))))
     pareto = exp.objective.kind == "pareto"

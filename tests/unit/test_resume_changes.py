@@ -205,3 +205,28 @@ def test_a_resume_says_what_it_keeps_of_the_command_line_and_the_file(
     assert ("--seed 3, --max-trials 6: ignored when resuming; the search goes on with the "
             "sampler, seed and trial cap it was started with (tpe, seed 0, 4 trials)") in out
     assert "(resuming; sampler tpe, 4 trials, 2 at a time" in out, out
+
+
+@pytest.mark.parametrize("missing", ["No module named 'specdecode_tune.searcher'",
+                                     "module 'specdecode_tune.search' has no attribute "
+                                     "'_DefineByRunWithJump'"])
+def test_a_run_saved_by_the_old_layout_asks_for_fresh_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    """Runs pickled before 2026-12-06 name the shims that went (specdecode_tune.searcher,
+    search._DefineByRunWithJump): a resume says so and what to do, not Ray's traceback."""
+    from ray import tune
+
+    from specdecode_tune.search.preflight import RunPlan
+    from specdecode_tune.search.tuner import build_tuner
+
+    def old_pickle(*_a: object, **_k: object) -> None:
+        raise (ModuleNotFoundError if "module named" in missing else AttributeError)(missing)
+
+    monkeypatch.setattr(tune.Tuner, "restore", staticmethod(old_pickle))
+    exp = load_experiment(DATA / "sim-small.toml")
+    plan = RunPlan(exp=exp, run_dir=str(tmp_path / "r"), local_dir=tmp_path / "r",
+                   storage=str(tmp_path), name="r", is_uri=False)
+    with pytest.raises(ConfigError) as e:
+        build_tuner(plan, [], "hybrid", 0, 4, resume=True)
+    line = str(e.value)
+    assert "\n" not in line and "older specdecode_tune" in line and "--fresh" in line
