@@ -5,6 +5,7 @@ backend's own argument check over several command lines.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,4 +49,23 @@ def each_refusal(check: Callable[[Sequence[str]], None], argvs: Sequence[Sequenc
     return out
 
 
-__all__ = ["each_refusal", "flag_args", "fmt", "get_json"]
+__all__ = ["at_least", "each_refusal", "flag_args", "fmt", "get_json", "version_key"]
+
+
+_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A release's order: its numbers, then 1 for a final or post release, 0 for a pre-release
+    (0.5.13rc0 < 0.5.13 <= 0.5.13.post1)."""
+    m = _RELEASE.fullmatch(version.strip())
+    if m is None:
+        raise ValueError(f"not a release number: {version!r}")
+    nums = tuple(int(x) for x in m.group(1).split("."))
+    pre = re.match(r"\.?(rc|a|b|dev)", m.group(2)) is not None
+    return (*nums, *(0,) * (4 - len(nums)), 0 if pre else 1)
+
+
+def at_least(version: str, since: str) -> bool:
+    """Whether release `version` is `since` or later (`version_key`)."""
+    return version_key(version) >= version_key(since)

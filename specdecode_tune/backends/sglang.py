@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
 from . import httpread, prometheus, speccounters
-from .common import flag_args, get_json
+from .common import at_least, flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
 from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
@@ -185,22 +185,6 @@ def local_architecture(model_path: str) -> str | None:
     return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
 
 
-_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(.*)")
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """A release's order: its numbers, then 1 for a final or post release, 0 for a pre-release
-    (0.5.13rc0 < 0.5.13 <= 0.5.13.post1)."""
-    m = _RELEASE.fullmatch(version.strip())
-    if m is None:
-        raise ValueError(f"not a release number: {version!r}")
-    nums = tuple(int(x) for x in m.group(1).split("."))
-    pre = re.match(r"\.?(rc|a|b|dev)", m.group(2)) is not None
-    return (*nums, *(0,) * (4 - len(nums)), 0 if pre else 1)
-
-
-def at_least(version: str, since: str) -> bool:
-    return version_key(version) >= version_key(since)
 
 
 @functools.cache

@@ -65,6 +65,13 @@ METRICS_PREFIX = "vllm:"
 # (`vllm/config/speculative.py`, checked by `vllm/v1/spec_decode/dynamic/utils.py`;
 # vllm-project/vllm PR #32374, merged 2026-05; docs/schedule.md section 2).
 PER_BATCH_SIZE = "num_speculative_tokens_per_batch_size"
+# 0.26.0's EAGLE draft decode graphs are captured per scheduled K with a query length of
+# K + 1 - K_max (<= 0 below the largest K): a schedule fails at start-up (vllm#48494; the fix,
+# PR 48329, and the capture rework after 0.26.0 come in releases that pin a newer torch than
+# this project has run). Piecewise graphs skip that capture. Which release first boots a
+# schedule with full graphs is not known here: a schedule boots with piecewise graphs unless
+# the experiment sets `compilation_config` itself.
+PIECEWISE_GRAPHS = json.dumps({"cudagraph_mode": "PIECEWISE"}, separators=(",", ":"))
 MODULE = "vllm.entrypoints.openai.api_server"
 # The variable vLLM reads its API key from when --api-key is not given (vllm/envs.py).
 API_KEY_ENV = "VLLM_API_KEY"
@@ -317,9 +324,28 @@ class VLLMBackend:
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:
-        return None, ("vLLM's per-batch-size K (in --speculative-config) is not booted by this "
-                      "search: only SGLang's adaptive mode (and the simulator's copy of it) boots "
-                      "from a schedule file; the report writes the formats unvalidated")
+        """The settings that boot the per-batch-size K written at `config_path` (this
+        backend's `schedule_file`: a `--speculative-config` with
+        `num_speculative_tokens_per_batch_size`): `num_speculative_tokens` the largest K and
+        the ranges; and `--compilation-config '{"cudagraph_mode": "PIECEWISE"}'` unless the
+        experiment sets its own, since 0.26.0's draft CUDA graphs cannot hold a schedule
+        (docs/engines-vllm.md section 5): what a user of that release must run, so the
+        validation measures it. Asked with no settings (whether vLLM boots a schedule at all):
+        yes."""
+        if not params:
+            return {}, ""
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                ranges = json.load(f).get(PER_BATCH_SIZE)
+        except (OSError, ValueError, AttributeError) as e:
+            return None, f"vLLM's schedule file {config_path} cannot be read: {e}"
+        if not (isinstance(ranges, list) and ranges
+                and all(isinstance(r, list) and len(r) == 3 for r in ranges)):
+            return None, f"vLLM's schedule file {config_path} has no {PER_BATCH_SIZE} ranges"
+        out = {**params, STEPS: max(int(k) for _, _, k in ranges), PER_BATCH_SIZE: ranges}
+        if out.get("compilation_config") is None and cfg.flags.get("compilation_config") is None:
+            out["compilation_config"] = PIECEWISE_GRAPHS
+        return out, ""
 
     def memory_facts(self, log_text: str) -> dict[str, float]:
         # vLLM sizes its KV cache from a profiled peak (gpu_memory_utilization), not a static

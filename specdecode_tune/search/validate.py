@@ -11,7 +11,8 @@ the baseline does. The report (`report/validation.py`) sets them against the sta
 per-level configs.
 
 What cannot boot a schedule is said in one line and costs no boot: a backend whose engine does
-not boot one from a file (only SGLang's adaptive mode, and the simulator's copy of it, do), an
+not boot one from a file (SGLang's adaptive mode and the simulator's copy of it do, and vLLM's
+`num_speculative_tokens_per_batch_size`, with piecewise CUDA graphs; llama.cpp has none), an
 SGLang release without the per-batch-size format (the backend's `schedule_params` says which,
 and which release has it), no level best with speculation.
 """

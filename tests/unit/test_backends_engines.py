@@ -227,11 +227,12 @@ def sglang_cfg(**kw: object) -> BackendConfig:
     return BackendConfig(**base)  # type: ignore[arg-type]
 
 
-def test_sglang_release_order() -> None:
-    key = sglang.version_key
+def test_release_order() -> None:
+    from specdecode_tune.backends import common
+    key = common.version_key
     assert key("0.5.10.post1") < key("0.5.11") < key("0.5.13rc0") < key("0.5.13")
     assert key("0.5.9") < key("0.5.10") and key("0.5.13") <= key("0.5.13.post2")
-    assert sglang.at_least("0.5.13", "0.5.13") and not sglang.at_least("0.5.12", "0.5.13")
+    assert common.at_least("0.5.13", "0.5.13") and not common.at_least("0.5.12", "0.5.13")
     with pytest.raises(ValueError):
         key("latest")
 

@@ -127,32 +127,38 @@ def test_the_validation_boots_the_emitted_file_and_the_same_steps_mode(tmp_path:
     assert trials == [] and "needs SGLang >= 0.5.13" in why
 
 
-def test_only_sglangs_backends_boot_a_schedule_file_and_say_so_otherwise(tmp_path: Path) -> None:
+def test_each_backend_boots_its_own_schedule_file_or_says_why_not(tmp_path: Path) -> None:
     """The search asks the backend (`schedule_params`), not the backend's class: SGLang's and the
     simulator's give the adaptive-mode settings for a release that reads the per-batch-size
-    file; vLLM's and llama.cpp's say in one line why they boot none, and plan_validation stops
-    there without reading the run (an empty run dir here)."""
-    import dataclasses
+    file; vLLM's give its --speculative-config with the file's ranges, the largest K and
+    piecewise CUDA graphs (0.26.0's full draft graphs cannot hold a schedule); llama.cpp's says
+    in one line why it boots none."""
+    import json
 
     from specdecode_tune.backends import BACKENDS, get_backend
-    from specdecode_tune.search.validate import plan_validation
 
     sglang_plan = _plan(tmp_path, "0.5.13")
+    vllm_file = tmp_path / "vllm-speculative-config.json"
+    vllm_file.write_text(json.dumps({"method": "eagle3", "num_speculative_tokens": 5,
+                                     "num_speculative_tokens_per_batch_size": [
+                                         [1, 3, 5], [4, 4, 1]]}))
     for kind in BACKENDS:
+        path = str(vllm_file) if kind == "vllm" else "/x/s.json"
         settings, why = get_backend(kind).schedule_params(
-            sglang_plan.exp.backend, {"speculative_num_steps": 3}, "/x/s.json")
+            sglang_plan.exp.backend, {"speculative_num_steps": 3}, path)
         if kind in ("sglang", "sim"):
             assert why == "" and settings == {"speculative_num_steps": 3,
                                               "speculative_adaptive": True,
                                               "speculative_adaptive_config": "/x/s.json"}
+        elif kind == "vllm":
+            assert why == "" and settings == {
+                "speculative_num_steps": 5,
+                "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 4, 1]],
+                "compilation_config": '{"cudagraph_mode":"PIECEWISE"}'}
+            bad, why = get_backend(kind).schedule_params(sglang_plan.exp.backend,
+                                                         {"speculative_num_steps": 3},
+                                                         str(tmp_path / "none.json"))
+            assert bad is None and "cannot be read" in why and "\n" not in why
         else:
-            assert settings is None and "only SGLang's adaptive mode" in why, kind
-            assert "\n" not in why
-    empty = tmp_path / "other"
-    empty.mkdir()
-    plan = _plan(empty, "0.5.13")
-    vllm = dataclasses.replace(plan.exp, backend=dataclasses.replace(plan.exp.backend,
-                                                                     kind="vllm"))
-    trials, why = plan_validation(dataclasses.replace(plan, exp=vllm))
-    assert trials == [] and why.startswith("schedule validation: not booted. vLLM's")
+            assert settings is None and "\n" not in why and why, kind
 
