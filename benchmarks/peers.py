@@ -57,8 +57,9 @@ import peer_argv  # noqa: E402
 import search_efficiency as se  # noqa: E402
 from peer_engine import Replay  # noqa: E402
 
-PEER_VENVS = Path(os.environ.get("SPECDECODE_PEER_VENVS",
-                                 Path.home() / ".cache" / "specdecode_tune" / "peers"))
+from specdecode_tune.enginecache import cache_dir  # noqa: E402
+
+PEER_VENVS = Path(os.environ.get("SPECDECODE_PEER_VENVS", cache_dir() / "peers"))
 OUR_BUDGET = 40
 TUNER_TRIALS = 50                 # vllm-tuner's n_trials default
 TUNER_CONCURRENCY = 50            # its benchmark.concurrent_requests default

@@ -161,3 +161,29 @@ def test_k_rule_ties_to_the_smaller_k_and_drops_unstable_ones() -> None:
     # a spread lowers a K's conservative figure: median 155 less 1.4826 x MAD 7 = 144.6
     assert peers.k_rule({1: {2: [150.0] * 3, 3: [148.0, 155.0, 162.0]}}) == {1: 2}
     assert peers.k_rule({1: {2: [150.0] * 3, 3: [155.0] * 3}}) == {1: 3}
+
+
+def test_vllm_tuner_search_code_boots_through_the_replay(tmp_path: Path) -> None:
+    """vllm-tuner's own search code (its venv, cached outside the repository) on the replay:
+    its argv reach the oracle, each boot is a recorded point, its pick one it booted."""
+    peers = _load("peers")
+    py = peers.PEER_VENVS / "vllm-tuner" / "bin" / "python"
+    if not py.exists():
+        pytest.skip(f"no vllm-tuner venv at {py.parent.parent} (benchmarks/peers.py says how "
+                    f"to make one)")
+    ks = (2, 9, 16)
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"model": "m", "optimization": {"n_trials": 3}, "parameters": [
+        {"name": "speculative_config", "options": [json.dumps(
+            {"method": "ngram", "num_speculative_tokens": k}) for k in ks]}]}))
+    oracle = ["env", f"PYTHONPATH={ROOT}", sys.executable, str(BENCH / "peer_engine.py"),
+              "oracle", str(TABLE), "0"]
+    out = subprocess.run([str(py), str(BENCH / "peer_drivers" / "vllm_tuner_run.py"),
+                          str(conf), json.dumps(oracle)], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""},
+                         timeout=120, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["sampler"] == "tpe" and r["baseline"]["key"] is None
+    assert len(r["boots"]) == 3 and all(b["key"][0] in ks for b in r["boots"])
+    assert r["best"]["key"] in [b["key"] for b in r["boots"]]
+    assert r["best"]["value"] == max(b["at"] for b in r["boots"])
