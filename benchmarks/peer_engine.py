@@ -236,6 +236,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                                  "accept_length": state.served.accept_length})
             elif path == "/metrics":
                 data = (f"vllm:num_requests_running {state.inflight}\n"
+                        f"vllm:num_requests_waiting 0\n"
                         f"stand_in_requests_total {state.requests}\n"
                         f"stand_in_tokens_total {state.tokens}\n").encode()
                 self.send_response(200)
@@ -414,10 +415,62 @@ def write_bin(folder: Path, landscape: str, seed: int, state: Path, speedup: flo
     return folder
 
 
+STAND_IN_VERSION = "0.30.0+stand-in"     # what `vllm --version` answers (vllm-optimizer pins 0.30)
+
+
+def bench_serve(argv: Sequence[str]) -> int:
+    """`vllm bench serve ...` against a running stand-in: the result JSON vLLM writes
+    (`--save-result`), with the tok/s the stand-in serves at `--max-concurrency` (the replayed
+    boot's figure, read from its /get_server_info) instead of a wall-clock run: the landscape's
+    number, at once."""
+    import urllib.request
+
+    _, flags = peer_argv._flags(list(argv))
+    host, port = str(flags.get("host", "127.0.0.1")), int(flags.get("port", 8000))
+    if flags.get("base_url"):
+        base = str(flags["base_url"]).rstrip("/")
+    else:
+        base = f"http://{host}:{port}"
+    with urllib.request.urlopen(base + "/get_server_info", timeout=30) as r:
+        info = json.loads(r.read())
+    tok_s = {int(c): float(v) for c, v in info["served_tok_s"].items()}
+    c = int(flags.get("max_concurrency", 0) or 0) or max(tok_s)
+    n = int(flags.get("num_prompts", 1000))
+    out_len = int(flags.get("random_output_len", 128))
+    in_len = int(flags.get("random_input_len", 1024))
+    served = interpolate(tok_s, c)
+    duration = n * out_len / max(served, 1e-9)
+    tpot = 1000.0 * min(c, n) / max(served, 1e-9)
+    result: dict[str, Any] = {
+        "backend": str(flags.get("backend", "vllm")), "model_id": str(flags.get("model", "")),
+        "num_prompts": n, "completed": n, "failed": 0, "max_concurrency": c,
+        "request_rate": "inf", "dataset_name": str(flags.get("dataset_name", "random")),
+        "duration": duration, "total_input_tokens": n * in_len, "total_output_tokens": n * out_len,
+        "request_throughput": n / duration, "output_throughput": served,
+        "total_token_throughput": served * (in_len + out_len) / out_len, "stand_in": True}
+    for stem, value in (("ttft", tpot), ("tpot", tpot), ("itl", tpot),
+                        ("e2el", tpot * out_len)):
+        for stat_ in ("mean", "median", "p50", "p90", "p95", "p99"):
+            result[f"{stat_}_{stem}_ms"] = value
+    print(f"============ Serving Benchmark Result (stand-in) ============\n"
+          f"Output token throughput (tok/s): {served:.2f}", flush=True)
+    if flags.get("save_result") or flags.get("result_dir"):
+        folder = Path(str(flags.get("result_dir", ".")))
+        folder.mkdir(parents=True, exist_ok=True)
+        name = str(flags.get("result_filename", "result.json"))
+        (folder / name).write_text(json.dumps(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["oracle"] and len(args) == 3:
         return oracle(args[1], int(args[2]))
+    if args[:1] == ["vllm"] and args[1:2] in (["--version"], ["-v"]):
+        print(STAND_IN_VERSION)
+        return 0
+    if args[:1] == ["vllm"] and args[1:3] == ["bench", "serve"]:
+        return bench_serve(args[3:])
     if args[:1] == ["vllm"]:
         return serve(args[1:]) if args[1:2] == ["serve"] else _unsupported(args)
     if args[:1] == ["sglang"]:

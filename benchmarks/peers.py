@@ -288,6 +288,62 @@ def tuner(land: Land, seeds: int, work: Path) -> dict[str, Any]:
             "snapped": sorted(snaps)[:6]}
 
 
+# --------------------------------------------------------------------------- vllm-optimizer
+
+
+def optimizer_config(land: Land, work: Path, port: int) -> dict[str, Any]:
+    """vllm-optimizer's YAML: the space as `tune:` values (the same strings vllm-tuner gets),
+    one vLLM Bench Serve run per level of the landscape, its defaults otherwise (grid, 4
+    repeats, baseline on)."""
+    params, _, _ = tuner_space(land)
+    tune: dict[str, Any] = {}
+    for p in params:
+        name = p["name"].replace("_", "-")
+        tune[name] = ({"values": p["options"]} if "options" in p else
+                      {"min": p["min"], "max": p["max"], "step": p["step"]})
+    model = work / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    return {"schema_version": 1, "experiment": {"name": "peers", "output_dir": str(work / "runs")},
+            "server": {"model": str(model), "host": "127.0.0.1", "port": port},
+            "tune": tune,
+            "benchmark": {"engine": "vllm", "runs": [
+                {"name": f"c{c}", "args": {"dataset-name": "random", "random-input-len": 256,
+                                           "random-output-len": 256, "num-prompts": 100,
+                                           "request-rate": "inf", "max-concurrency": c,
+                                           "ignore-eos": True}} for c in land.levels]},
+            "optimization": {"maximize": "output_tokens_per_second"}}
+
+
+def run_optimizer(land: Land, seed: int, work: Path, port: int = 8011) -> dict[str, Any]:
+    """vllm-optimizer's real CLI (`vllm-opt --config`), its `vllm serve` and `vllm bench
+    serve` the stand-in (`peer_engine.write_bin`) on PATH: end to end over HTTP."""
+    import yaml
+
+    from peer_engine import write_bin
+    exe = PEER_VENVS / "vllm-optimizer" / "bin" / "vllm-opt"
+    work.mkdir(parents=True, exist_ok=True)
+    state = work / "state"
+    landscape = str(Path(land.name).resolve()) if land.recorded else land.name
+    write_bin(work / "bin", landscape, seed, state)
+    conf = work / "conf.yaml"
+    conf.write_text(yaml.safe_dump(optimizer_config(land, work, port), sort_keys=False))
+    env = {**os.environ, "PATH": f"{work / 'bin'}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([str(exe), "--config", str(conf)], capture_output=True, text=True,
+                         env=env, timeout=3600, check=False, cwd=work)
+    result = json.loads(next((work / "runs").rglob("result.json")).read_text())
+    boots = [json.loads(line) for line in (state / "boots.jsonl").read_text().splitlines()]
+    keys = [b["key"] for b in boots if b["key"] is not None]
+    best = result.get("best_tuned") or result.get("best") or {}
+    argv = ["vllm", "serve", "m"]
+    for k, v in (best.get("server_args") or {}).items():
+        argv += [f"--{k}", str(v)]
+    pick = Replay(landscape, seed).key_of(peer_argv.parse(argv)["settings"])[0] if best \
+        else None
+    return {"keys": keys, "pick": pick, "status": result.get("status"), "rc": out.returncode,
+            "boots_all": len(boots)}
+
+
 # ------------------------------------------------------------------------ bench_speculative
 
 
@@ -521,7 +577,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="profile names or recorded tables (default: all)")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--skip", nargs="*", default=[], choices=PEERS)
+    ap.add_argument("--vllm-optimizer", action="store_true",
+                    help="instead: vllm-optimizer's real CLI end to end on each landscape, "
+                         "seed 0 (its grid boots in a fixed order; minutes per landscape)")
     args = ap.parse_args(argv)
+    if args.vllm_optimizer:
+        return optimizer_main(landscape_names(args.landscapes))
     t0 = time.monotonic()
     py = PEER_VENVS / "vllm-tuner" / "bin" / "python"
     if "vllm-tuner" not in args.skip and not py.exists():
@@ -558,6 +619,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in bad:
         print(line)
     print(f"\nwall time {time.monotonic() - t0:.0f}s ({args.seeds} seeds)")
+    return 0
+
+
+def optimizer_main(names: Sequence[str]) -> int:
+    t0 = time.monotonic()
+    print("| landscape | vllm-optimizer: boots to 98% (tied) | pick | boots in all | status |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="peers-opt-") as tmp:
+        for name in names:
+            land = Land(name)
+            r = run_optimizer(land, 0, Path(tmp) / land.label)
+            h, t = land.hit(r["keys"]), land.hit_tied(r["keys"])
+            f = (lambda x: "-" if x is None else str(x))  # noqa: E731
+            tied = f" ({f(t)})" if land.recorded else ""
+            print(f"| {land.label} | {f(h)}{tied} | {land.at(r['pick']):.1%} | "
+                  f"{r['boots_all']} (baseline included) | {r['status']} |", flush=True)
+    print(f"\nwall time {time.monotonic() - t0:.0f}s (seed 0)")
     return 0
 
 
