@@ -135,6 +135,17 @@ def test_serves_health_models_and_a_stream(tmp_path: Path, free_port: int) -> No
         assert last["choices"][0]["finish_reason"] == "length"
         boot = json.loads((tmp_path / "boots.jsonl").read_text().splitlines()[0])
         assert boot["key"] == [4] and boot["status"] == "ok"
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+            assert "vllm:num_requests_waiting 0" in r.read().decode()
+        # `vllm bench serve` (vllm-optimizer's measurement): the served figure at its level
+        subprocess.run([sys.executable, str(BENCH / "peer_engine.py"), "vllm", "bench", "serve",
+                        "--port", str(free_port), "--max-concurrency", "4", "--save-result",
+                        "--result-dir", str(tmp_path / "r"), "--result-filename", "r.json"],
+                       env=_env(tmp_path, str(TABLE)), check=True, timeout=30,
+                       capture_output=True)
+        res = json.loads((tmp_path / "r" / "r.json").read_text())
+        assert res["output_throughput"] == pytest.approx(boot["tok_s"]["4"])
+        assert res["completed"] == res["num_prompts"] and res["failed"] == 0
     finally:
         proc.terminate()
         proc.wait(timeout=10)
