@@ -223,7 +223,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path in ("/health", "/health_generate", "/ping"):
                 self._json(200, {})
@@ -247,7 +247,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             else:
                 self._json(404, {"error": f"no route {path}"})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             path = self.path.split("?")[0]
             n = int(self.headers.get("Content-Length") or 0)
             try:

@@ -318,7 +318,6 @@ def run_optimizer(land: Land, seed: int, work: Path, port: int = 8011) -> dict[s
     """vllm-optimizer's real CLI (`vllm-opt --config`), its `vllm serve` and `vllm bench
     serve` the stand-in (`peer_engine.write_bin`) on PATH: end to end over HTTP."""
     import yaml
-
     from peer_engine import write_bin
     exe = PEER_VENVS / "vllm-optimizer" / "bin" / "vllm-opt"
     work.mkdir(parents=True, exist_ok=True)
