@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from specdecode_tune import enginecache, results
+from specdecode_tune import enginecache, store
 from specdecode_tune.backends import get_backend
 from specdecode_tune.backends.sglang import memory_facts, radix_spec_refusal
 from specdecode_tune.config import Experiment, load_experiment
@@ -178,13 +178,13 @@ def report_run(run_dir: Path) -> None:
                 ttft_p50=0.1, ttft_p90=0.2, ttft_p99=0.3, tpot_p50=0.01, tpot_p90=0.02,
                 tpot_p99=0.03, itl_p50=None, itl_p90=None, itl_p99=None, e2e_p50=2.0,
                 e2e_p90=2.5, e2e_p99=3.0, accept_length=None, suspect=False, note="")
-            results.write_level(run_dir, trial_id, s, [], params=params, repeat=0)
+            store.write_level(run_dir, trial_id, s, [], params=params, repeat=0)
             levels.append(s)
         result = TrialResult(trial_id=trial_id, params=params, status="ok", reason="",
                              facts=ServerFacts(max_total_num_tokens=400000,
                                                max_running_requests=26),
                              levels=tuple(levels), repeat=0, suspect=False)
-        results.write_trial(run_dir, result, extra={"finished_at": 1_700_000_000 + n,
+        store.write_trial(run_dir, result, extra={"finished_at": 1_700_000_000 + n,
                                                     "node": "test", "score": None})
 
 

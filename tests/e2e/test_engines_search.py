@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from specdecode_tune import enginecache, results
+from specdecode_tune import enginecache, store
 from specdecode_tune.backends.speccounters import per_position
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
 from tests.conftest import REPO
@@ -104,7 +104,7 @@ def run_search(experiment: str, tmp_path: Path, env: dict, timeout_s: int) -> tu
 
 def collect(run_dir: Path) -> dict[str, Any]:
     """Per ok trial: its draft length and, per level, the level row and the request rows."""
-    t = results.read_tables(str(run_dir))
+    t = store.read_tables(str(run_dir))
     trials = t.trials.to_pylist()
     ok = [r for r in trials if r["status"] == "ok"]
     levels: dict[tuple[str, int], dict] = {}
