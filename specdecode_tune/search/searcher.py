@@ -337,6 +337,11 @@ class RepeatingSearcher(Searcher):
                     self.inner.study().set_user_attr(SKIPPED_ATTR, gate.skipped)
                 except Exception:  # the record is advice: never fatal
                     log.debug("could not store the skipped boots in the study", exc_info=True)
+                if self._knows() or self.explored >= self.max_trials:
+                    # The skip answered a question (a plateau probe the gate says is refused
+                    # is answered as a refusal): the stop rule may hold now. Without this
+                    # check the next proposal was booted, though the rule already held.
+                    return self.suggest(trial_id)
                 continue
             if not known and key not in self.infeasible:
                 # Tune's trial id owns the Optuna trial from here on.
@@ -380,7 +385,10 @@ class RepeatingSearcher(Searcher):
         rule = self.__dict__.get("stop_rule")      # a searcher pickled before the rule: None
         if rule is None:
             return False
-        done = self.__dict__.get("completed", 0)
+        # What the rule's answer can change with: a finished trial, or a proposal the KV gate
+        # skipped (told to the study as a refusal).
+        gate = self.__dict__.get("gate")
+        done = (self.__dict__.get("completed", 0), 0 if gate is None else len(gate.skipped))
         if rule.why is None:
             if self.__dict__.get("checked_at") == done:
                 # Nothing new since the last check: the same answer.

@@ -195,3 +195,38 @@ def test_the_hybrid_sampler_records_who_proposed_and_predicts_before_the_boot() 
     assert predicted and all({"tok_s", "accept_length", "p_feasible"} <= set(p)
                              for p in predicted)
     assert result["boots"] >= 1 + result["explored"]
+
+
+def test_a_gate_skip_is_news_to_the_stop_rule() -> None:
+    """A proposal the KV gate skips is told to the study as a refusal; that can answer what
+    kept the rule from stopping (a plateau probe the gate says the server refuses). The rule is
+    asked again before the next proposal is booted, not only after the next trial finishes."""
+    class Gate(KVGate):
+        def refuses(self, config: dict, refused_before: bool = False) -> str | None:
+            if config["speculative_num_steps"] >= 6:
+                self.skipped.append({"params": dict(config)})
+                return "predicted refused"
+            return None
+
+    class StopsAfterASkip:
+        why: str | None = None
+
+        def check(self, study: object, sampler: object, band: float, explored: int
+                  ) -> str | None:
+            if gate.skipped:
+                self.why = "the skip answered the last question"
+            return self.why
+
+    gate = Gate()
+    searcher = _searcher(StopsAfterASkip(), gate)
+    after_skip = []
+    for i in range(60):
+        cfg = searcher.suggest(f"t{i}")
+        if cfg == Searcher.FINISHED:
+            break
+        assert isinstance(cfg, dict)
+        if cfg.get(REPEAT_KEY, 0) == 0 and gate.skipped:
+            after_skip.append(cfg)
+        searcher.on_trial_complete(f"t{i}", _score(cfg))
+    assert gate.skipped and searcher.stop_reason == "the skip answered the last question"
+    assert after_skip == []          # no exploration booted once the rule held
