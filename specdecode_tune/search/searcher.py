@@ -43,6 +43,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
 from ..samplers import DECISION_ATTR
+from ..samplers.observations import PREDICTED_ATTR
 from ..space import DefineByRun
 from .stopping import PREDICTED_KEY, KVGate, StopRule
 
@@ -65,7 +66,8 @@ MAX_DUPLICATES = 25             # repeated proposals answered from data before g
 MEASURED_KEY = "measured"       # final result key: what the trial measured, as JSON text (a
                                 # dict would be flattened by Tune)
 INFEASIBLE_SCORE = -5.0         # told to Optuna with a violated constraint: never the best
-PREDICTED_ATTR = "predicted"    # Optuna trial user attr: the model's prediction at proposal
+# PREDICTED_ATTR ("predicted"): the Optuna trial user attr with the model's prediction at
+# proposal; the samplers read it back (the model's errors on this run: `samplers.answered`).
 STOP_ATTR = "stop_reason"       # Optuna study user attr: why exploring stopped before the cap
 SKIPPED_ATTR = "kv_skipped"     # Optuna study user attr: boots the KV gate did not make
 
