@@ -43,14 +43,15 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
 from ..samplers import DECISION_ATTR
+from ..samplers.answered import PLATEAU_ANSWER_ATTR
 from ..samplers.observations import PREDICTED_ATTR
 from ..space import DefineByRun
 from .stopping import PREDICTED_KEY, KVGate, StopRule
 
 __all__ = [
     "BRACKET_KEY", "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES",
-    "MEASURED_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY",
-    "SKIPPED_ATTR", "STOP_ATTR",
+    "MEASURED_KEY", "PLATEAU_ANSWER_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY",
+    "SAMPLER_KEY", "SKIPPED_ATTR", "STOP_ATTR",
     "FailureStreak", "ProposalSpace", "RepeatingSearcher",
     "SpecOptunaSearch", "failure_signature", "params_key",
 ]
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
 JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
 BRACKET_KEY = "_bracket_reason"  # config key: why the hybrid booted a plateau jump's bracket
+PLATEAU_ANSWER_KEY = "_plateau_answered"  # config key: plateau questions the model answered
+                                # while this point was proposed (JSON list of sentences)
 SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
                                 # experiment's own point)
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
@@ -181,6 +184,11 @@ class ProposalSpace(DefineByRun):
         decision = trial.user_attrs.get(DECISION_ATTR)
         if isinstance(decision, dict) and decision.get("bracket"):
             constants[BRACKET_KEY] = decision.get("why") or "bracket"
+        answered = trial.user_attrs.get(PLATEAU_ANSWER_ATTR)
+        if answered:
+            # Plateau questions the model answered without a boot while this point was
+            # proposed: recorded with the trial that was booted instead.
+            constants[PLATEAU_ANSWER_KEY] = json.dumps(list(answered))
         constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
         predicted = _predict(trial)
         if predicted is not None:
