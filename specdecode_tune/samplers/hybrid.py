@@ -8,7 +8,11 @@ Before each fresh trial, in this order:
    that level's own score); when it finds one, this trial is its far probe (the jump, with its
    reason and, once it finishes, its outcome recorded on the trial and in the study's
    `plateau_events`, as `PlateauEscapeSampler` records them). One probe at a time, never for an
-   enqueued trial. A jump that came back no better (within noise, or worse) is followed by
+   enqueued trial. The question costs a boot only where the model cannot answer it
+   (`answered`: its errors on this run inside the noise band, a boot at the jump's value or
+   beyond predicted within the band, a climb beyond the band in at most 5% of its draws);
+   where it can, the answer is recorded as predicted (with the probability) on the trial
+   planned instead, and booted as a check only once a later measurement contradicts it. A jump that came back no better (within noise, or worse) is followed by
    its bracket (`plateau/bracket.py`): one boot in the middle of the stretch the jump skipped,
    where a peak the model cannot express can hide.
 2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft

@@ -263,3 +263,52 @@ def test_a_searcher_pickled_before_the_refusal_rule_still_observes() -> None:
     s.observe("a", "infeasible", RADIX)
     s.observe("b", "infeasible", RADIX)
     assert s.tripped is not None
+
+
+class Pending:
+    """A baseline still measuring, as `search.baseline.PendingBaseline` (ready(), attr())."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.fails = False
+
+    def ready(self) -> bool:
+        return self.done
+
+    def attr(self) -> dict:
+        if self.fails:
+            from specdecode_tune.errors import SearchStopped
+            raise SearchStopped("the no-speculation baseline failed, so the search stopped")
+        return {"levels": {"1": {"output_tok_s": 100.0}}, "weights": {"1": 1.0}}
+
+
+def test_one_trial_runs_beside_the_baseline_and_the_second_waits_until_it_is_known() -> None:
+    searcher = make(max_trials=6)
+    pending = Pending()
+    searcher.baseline = pending
+    first = searcher.suggest("a")
+    assert isinstance(first, dict)                 # boots beside the baseline
+    assert searcher.suggest("b") is None           # a second waits for it
+    pending.done = True
+    second = searcher.suggest("b")
+    assert isinstance(second, dict)                # two at a time once it is known
+    assert searcher.inner.study().user_attrs["baseline"]["weights"] == {"1": 1.0}
+    assert searcher.baseline is None
+    import tempfile
+    with tempfile.NamedTemporaryFile() as tmp:
+        searcher.baseline = Pending()              # never pickled with the searcher
+        searcher.save(tmp.name)
+        with open(tmp.name, "rb") as f:
+            state = pickle.load(f)
+    assert "baseline" not in state["own"]
+
+
+def test_a_failed_baseline_stops_the_search_after_the_trial_beside_it() -> None:
+    searcher = make(max_trials=6)
+    pending = Pending()
+    searcher.baseline = pending
+    first = searcher.suggest("a")
+    assert isinstance(first, dict)
+    pending.done = pending.fails = True
+    assert searcher.suggest("b") == Searcher.FINISHED
+    assert "baseline failed" in (searcher.streak.tripped or "")
