@@ -12,7 +12,8 @@ Before each fresh trial, in this order:
    (`answered`: its errors on this run inside the noise band, a boot at the jump's value or
    beyond predicted within the band, a climb beyond the band in at most 5% of its draws);
    where it can, the answer is recorded as predicted (with the probability) on the trial
-   planned instead, and booted as a check only once a later measurement contradicts it. A jump that came back no better (within noise, or worse) is followed by
+   planned instead, and booted as a check only once a later measurement contradicts it. A
+   jump that came back no better (within noise, or worse) is followed by
    its bracket (`plateau/bracket.py`): one boot in the middle of the stretch the jump skipped,
    where a peak the model cannot express can hide.
 2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft
