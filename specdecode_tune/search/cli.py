@@ -224,9 +224,8 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
     baseline: list[LevelSummary] | PendingBaseline = []
     try:
         if exp.search.baseline:
-            # A Pareto search's searcher is Optuna's own: it cannot wait for the baseline;
-            # nor can a resumed one (Tune restores it as it was saved, without the task).
-            baseline = start_baseline(plan) if exp.objective.kind != "pareto" and not resume \
+            # A Pareto search's searcher is Optuna's own: it cannot wait for the baseline.
+            baseline = start_baseline(plan) if exp.objective.kind != "pareto" \
                 else run_baseline(plan)
     except SearchStopped as e:
         print(f"error: {e}", file=sys.stderr)

@@ -79,8 +79,6 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary] | PendingBaseline,
     storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
     exp_path = f"{storage_path.rstrip('/')}/{plan.name}"
     if resume:
-        if not isinstance(baseline, PendingBaseline):
-            tell_baseline(plan, baseline)
         return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
                                   resume_errored=False, restart_errored=False)
     plan.local_dir.mkdir(parents=True, exist_ok=True)
@@ -129,29 +127,6 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary] | PendingBaseline,
             failure_config=tune.FailureConfig(max_failures=2),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
     )
-
-
-def tell_baseline(plan: RunPlan, baseline: list[LevelSummary]) -> None:
-    """A resumed run's study gets the baseline attr where it has none: the driver that started
-    it was stopped while the baseline measured beside the first trial, before its searcher
-    told the study (`RepeatingSearcher`)."""
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    journal = rundir.journal_file(plan.local_dir)
-    if not baseline or not journal.exists():
-        return
-    storage = JournalStorage(JournalFileBackend(str(journal)))
-    try:
-        study = optuna.load_study(study_name=plan.name, storage=storage)
-    except KeyError:
-        return
-    if BASELINE_ATTR not in study.user_attrs:
-        exp = plan.exp
-        study.set_user_attr(BASELINE_ATTR, baseline_attr(
-            levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
-            request_tokens=request_tokens(exp)))
 
 
 def trial_dirname(trial: Any) -> str:

@@ -294,8 +294,7 @@ def test_a_baseline_whose_requests_all_fail_stops_the_search_with_the_servers_wo
         tmp_path: Path, test_env: dict) -> None:
     """An output far beyond the model's context: the server refuses every request of the
     baseline. The search stops there: one error line with the server's own message, exit 1,
-    the baseline's row failed with that reason, no trial booted but the one that boots beside
-    the baseline (search.baseline.PendingBaseline)."""
+    the baseline's row failed with that reason, no trial booted."""
     text = (DATA / "sim-small.toml").read_text().replace("output_len = 512",
                                                          "output_len = 300000", 1)
     exp = tmp_path / "too-long.toml"
@@ -304,18 +303,16 @@ def test_a_baseline_whose_requests_all_fail_stops_the_search_with_the_servers_wo
                          text=True, timeout=600, env=test_env)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     (line,) = error_lines(out.stderr)
-    assert line.startswith("error: the no-speculation baseline failed, so the search stopped: "
-                           "no request succeeded at C=1: error event in an "
+    assert line.startswith("error: the no-speculation baseline failed, so the search stopped "
+                           "before any trial: no request succeeded at C=1: error event in an "
                            f"http 200 stream: {CONTEXT_REFUSAL}"), line
     assert "Traceback" not in out.stderr
     run_dir = tmp_path / "runs" / "sim-small"
-    rows = trials_rows(run_dir)
-    (row,) = [r for r in rows if r["trial_id"] == "baseline"]
-    assert row["status"] == "failed"
+    (row,) = trials_rows(run_dir)
+    assert (row["trial_id"], row["status"]) == ("baseline", "failed")
     assert line.endswith(row["reason"]) and CONTEXT_REFUSAL in row["reason"]
-    beside = [r for r in rows if r["trial_id"] != "baseline"]
-    assert len(beside) <= 1 and len(boots(run_dir)) == 1 + len(beside)
-    assert out.stdout.count("  start  ") <= 1
+    assert boots(run_dir) == ["baseline"]
+    assert "  start  " not in out.stdout
 
 
 def test_trials_failing_the_same_way_stop_the_search_early(tmp_path: Path,
