@@ -33,11 +33,10 @@ from pathlib import Path
 
 from ..config import cliargs, load_experiment
 from ..errors import ConfigError, RunInUse, SearchStopped
-from ..records import LevelSummary
 from ..server import reap_orphans
 from ..store import rundir
 from . import changes
-from .baseline import PendingBaseline, run_baseline, start_baseline
+from .baseline import run_baseline
 from .leftovers import (
     RUN_TOKEN_ENV,
     end_driver_processes,
@@ -221,24 +220,13 @@ def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_
         return 2
     for line in dashboard_lines(ctx):
         say(line)
-    baseline: list[LevelSummary] | PendingBaseline = []
     try:
-        if exp.search.baseline:
-            # A Pareto search's searcher is Optuna's own: it cannot wait for the baseline.
-            baseline = start_baseline(plan) if exp.objective.kind != "pareto" \
-                else run_baseline(plan)
+        baseline = run_baseline(plan) if exp.search.baseline else []
     except SearchStopped as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     tuner = build_tuner(plan, baseline, sampler, seed, max_trials, resume=resume)
     grid = tuner.fit()
-    if isinstance(baseline, PendingBaseline):
-        try:
-            baseline.levels()
-        except SearchStopped as e:
-            # The first trial ran beside it; the searcher started no other.
-            print(f"error: {e}", file=sys.stderr)
-            return 1
     # A Ctrl-C during fit is caught by Tune, which saves its state, marks the running trials
     # TERMINATED and returns: a trial without its final result (every finished trial reports
     # "feasible") was cut. It is an interruption, not a finished search.

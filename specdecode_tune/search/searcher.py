@@ -265,7 +265,7 @@ class RepeatingSearcher(Searcher):
                  remeasure_top: int, default_band: float,
                  infeasible_score: float = INFEASIBLE_SCORE, metric: str = "score",
                  mode: str = "max", stop_rule: StopRule | None = None,
-                 gate: KVGate | None = None, baseline: Any = None) -> None:
+                 gate: KVGate | None = None) -> None:
         super().__init__(metric=metric, mode=mode)
         self.inner = inner
         self.max_trials = max_trials
@@ -291,9 +291,6 @@ class RepeatingSearcher(Searcher):
         # final re-measurements run); the gate skips boots the KV model says are refused.
         self.stop_rule = stop_rule
         self.gate = gate
-        # The baseline while it measures (`search.baseline.PendingBaseline`: ready(), attr()):
-        # one trial runs beside it, the second waits until it is known and told to the study.
-        self.baseline = baseline
 
     # -- Tune's Searcher interface -------------------------------------------------------------
 
@@ -303,12 +300,9 @@ class RepeatingSearcher(Searcher):
 
     def suggest(  # type: ignore[override]  # returns Searcher.FINISHED, a str: Ray omits it
             self, trial_id: str) -> dict | str | None:
-        measuring = self._baseline_measuring()
         if self.streak.tripped:
             # A cause no config changes: no more boots (re-measurements included).
             return Searcher.FINISHED
-        if measuring and self.live:
-            return None              # one trial beside the baseline, no more until it is known
         repeat = self._next_repeat()
         if repeat is not None:
             self.repeat_budget -= 1
@@ -381,27 +375,6 @@ class RepeatingSearcher(Searcher):
         self.explored += 1
         self.configs.setdefault(key, config)
         return self._repeat(trial_id, key, len(self.scores.get(key, [])) + self._pending(key))
-
-    def _baseline_measuring(self) -> bool:
-        """Whether the baseline still measures. Once it is known, it is told to the study (the
-        samplers' baseline attr) and forgotten; a failed one trips the streak (the search
-        stops: no boot after it)."""
-        pending = self.__dict__.get("baseline")
-        if pending is None:
-            return False
-        try:
-            if not pending.ready():
-                return True
-            attr = pending.attr()
-        except Exception as e:  # noqa: BLE001 - a failed baseline (SearchStopped), or a ref
-            # of a Ray cluster gone (a restored searcher: the resumed driver reuses the row)
-            self.baseline = None
-            if type(e).__name__ == "SearchStopped":
-                self.streak.tripped = str(e)
-            return False
-        self.baseline = None
-        self.inner.study().set_user_attr("baseline", attr)
-        return False
 
     def _blind(self) -> bool:
         """Whether the next proposal would be made blind, with an exploration running: until
@@ -495,8 +468,7 @@ class RepeatingSearcher(Searcher):
             log.debug("could not store the noise band in the study", exc_info=True)
 
     def save(self, checkpoint_path: str) -> None:
-        # The pending baseline is this driver's Ray task: a resumed driver reuses its row.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("inner", "baseline")}
+        state = {k: v for k, v in self.__dict__.items() if k != "inner"}
         with open(checkpoint_path, "wb") as f:
             pickle.dump({"own": state, "inner": self.inner.__dict__.copy()}, f)
 

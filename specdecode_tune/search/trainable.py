@@ -26,14 +26,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import Experiment
-from ..errors import SearchStopped
 from ..objective import metric_modes, objective_score, pareto_values
 from ..records import LevelSummary, ServerFacts, TrialResult
 from ..samplers import measured_attr
 from ..store import rundir
 from ..store.codec import read_checkpoint, write_checkpoint
 from ..trial import TrialContext, record_trial, run_trial
-from .baseline import PendingBaseline
 from .ray_cluster import node_id
 from .searcher import (
     BRACKET_KEY,
@@ -59,9 +57,8 @@ def score_of(exp: Experiment, result: TrialResult, baseline: Sequence[LevelSumma
     return score is not None, score
 
 
-def trainable(config: dict[str, Any], *, exp: Experiment,
-              baseline: list[LevelSummary] | PendingBaseline, run_dir: str,
-              local_dir: str) -> None:
+def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSummary],
+              run_dir: str, local_dir: str) -> None:
     from ray import tune
     from ray.util.metrics import Gauge
 
@@ -103,13 +100,6 @@ def trainable(config: dict[str, Any], *, exp: Experiment,
     result = run_trial(exp, sampled, trial_ctx, done_levels=done,
                        done_facts=facts[-1] if facts else None, on_facts=facts.append,
                        on_level=on_level, write_row=False)
-    if isinstance(baseline, PendingBaseline):
-        # The first trial boots beside the baseline: its score waits for it. A failed
-        # baseline leaves no score (the search stops on it: search.cli).
-        try:
-            baseline = baseline.levels()
-        except SearchStopped:
-            baseline = []
     feasible, value = score_of(exp, result, baseline)
     # The trials table's score: the scalar score (None for Pareto objectives and failures).
     record_trial(trial_ctx, result, started_at=started_at, extra={

@@ -23,7 +23,7 @@ from ..records import LevelSummary
 from ..samplers import BASELINE_ATTR, baseline_attr
 from ..store import rundir
 from ..store.files import filesystem, write_atomic
-from .baseline import PendingBaseline, baseline_facts
+from .baseline import baseline_facts
 from .preflight import RunPlan
 from .progress import Progress, describe
 from .sampler_factory import make_sampler
@@ -57,8 +57,8 @@ def can_resume(plan: RunPlan) -> bool:
     return bool(tune.Tuner.can_restore(plan.run_dir))
 
 
-def build_tuner(plan: RunPlan, baseline: list[LevelSummary] | PendingBaseline,
-                sampler_name: str, seed: int, max_trials: int, resume: bool) -> Any:
+def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, seed: int,
+                max_trials: int, resume: bool) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
     from ray import tune
@@ -95,15 +95,9 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary] | PendingBaseline,
     optuna_search.study().set_user_attr(RUN_ATTR, {
         "sampler": sampler_name, "seed": seed, "max_trials": max_trials,
         "max_concurrent": s.max_concurrent})
-    pending = None
-    if isinstance(baseline, PendingBaseline):
-        # Told to the study by the searcher once measured (the first trial boots beside it).
-        pending = baseline.bind(weights=exp.level_weights(), request_tokens=request_tokens(exp),
-                                run_dir=plan.run_dir)
-    else:
-        optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
-            levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
-            request_tokens=request_tokens(exp)))
+    optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
+        levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
+        request_tokens=request_tokens(exp)))
     if pareto:
         optuna_search.streak = FailureStreak()    # RepeatingSearcher keeps it otherwise
         search_alg: Any = optuna_search
@@ -112,7 +106,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary] | PendingBaseline,
         search_alg = RepeatingSearcher(optuna_search, max_trials=max_trials,
                                        repeats=s.repeats, remeasure_top=s.remeasure_top,
                                        default_band=s.noise_band, stop_rule=StopRule(),
-                                       gate=KVGate(), baseline=pending)
+                                       gate=KVGate())
         num_samples = -1
     return tune.Tuner(
         fn,
