@@ -27,6 +27,11 @@ per level: `FIXED_MEASURE`); the two are printed side by side. `--profile NAME` 
 experiment on another shipped simulator profile (its `backend.profile` replaced), judged on that
 profile's model.
 
+`--windows rule:precision=0.03:warmup_requests=0` runs the experiment with those [measure] keys
+set (a variant of the rule beside it); each seed runs under every variant before the next seed,
+so that a load on a shared machine falls on all of them alike; `--first-seed` starts elsewhere
+than 0 (one seed at a time, alternating with another checkout's run of the same seed).
+
     python benchmarks/readme_search.py --seeds 10      # about 200 s a run on 2 cores
     python benchmarks/readme_search.py --seeds 3 --windows fixed,rule
     python benchmarks/readme_search.py --seeds 10 --profile bench-two-regime
@@ -63,20 +68,38 @@ FIXED_MEASURE = {"warmup_s": 1.0, "duration_s": 4.0}
 _WINDOW_KEYS = ("precision", "min_rounds", "max_duration_s", "warmup_s", "duration_s")
 
 
+def measure_overrides(windows: str) -> dict[str, str]:
+    """The [measure] keys a `--windows` entry sets: {} for "rule" (the experiment as it is),
+    FIXED_MEASURE for "fixed", and KEY=VALUE pairs after "rule:" for a variant of the rule
+    ("rule:precision=0.03:warmup_requests=0")."""
+    if windows == "fixed":
+        return {k: str(v) for k, v in FIXED_MEASURE.items()}
+    if windows == "rule":
+        return {}
+    head, _, rest = windows.partition(":")
+    pairs = [p.split("=", 1) for p in rest.split(":") if p]
+    if head != "rule" or not pairs or any(len(p) != 2 or not p[0] for p in pairs):
+        raise ValueError(f"--windows entry {windows!r}: rule, fixed, or "
+                         f"rule:KEY=VALUE[:KEY=VALUE...] ([measure] keys)")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def variant(text: str, windows: str, profile: str | None) -> str:
-    """The experiment's text with fixed windows (`windows` = "fixed"; "rule" keeps it) and
-    another simulator profile, where asked."""
+    """The experiment's text with fixed windows (`windows` = "fixed"; "rule" keeps it; "rule:
+    KEY=VALUE:..." sets those [measure] keys) and another simulator profile, where asked."""
+    sets = measure_overrides(windows)
+    drop = _WINDOW_KEYS if windows == "fixed" else tuple(sets)
     out, section = [], ""
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("["):
             section = stripped
             out.append(line)
-            if windows == "fixed" and section == "[measure]":
-                out += [f"{k} = {v}" for k, v in FIXED_MEASURE.items()]
+            if sets and section == "[measure]":
+                out += [f"{k} = {v}" for k, v in sets.items()]
             continue
         key = stripped.split("=", 1)[0].strip()
-        if windows == "fixed" and section == "[measure]" and key in _WINDOW_KEYS:
+        if sets and section == "[measure]" and key in drop:
             continue
         if profile is not None and section == "[backend]" and key == "profile":
             line = f"profile = {profile!r}".replace("'", '"')
@@ -87,6 +110,9 @@ def variant(text: str, windows: str, profile: str | None) -> str:
 def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict[str, Any]:
     """One search, as the README runs it (plus --seed and a run dir of its own)."""
     name = f"seed{seed}"
+    if (Path(storage) / name).exists():
+        # The search would resume that run (and finish at once): not a measurement.
+        raise RuntimeError(f"{Path(storage) / name} exists: give an empty --storage")
     cmd = [sys.executable, "-m", "specdecode_tune.search", "--experiment", experiment,
            "--seed", str(seed), "--storage", storage, "--name", name]
     t0 = time.monotonic()
@@ -151,6 +177,8 @@ def report(rows: Sequence[dict[str, Any]], truth: se.Truth,
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10, help="runs, --seed 0..N-1 (default 10)")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first --seed (default 0): --first-seed 3 --seeds 2 runs 3 and 4")
     ap.add_argument("--experiment", default="experiments/sim-default.toml",
                     help="a simulator experiment (default: the README's)")
     ap.add_argument("--storage", default=None,
@@ -158,13 +186,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     ap.add_argument("--windows", default="rule",
                     help="comma-separated: rule (the experiment's [measure]), fixed (a 1 s "
-                         "warm-up and a 4 s window per level); each seed runs under each")
+                         "warm-up and a 4 s window per level), rule:KEY=VALUE[:KEY=VALUE] "
+                         "(the experiment's with those [measure] keys set); each seed runs "
+                         "under each, in turn (seed 0 under each, then seed 1...), so that "
+                         "a shared machine's load falls on all alike")
     ap.add_argument("--profile", default=None,
                     help="another shipped simulator profile for the experiment's backend")
     args = ap.parse_args(argv)
     windows = [w.strip() for w in args.windows.split(",") if w.strip()]
-    if not windows or any(w not in ("rule", "fixed") for w in windows):
-        ap.error(f"--windows: {args.windows!r}; allowed: rule, fixed, or both with a comma")
+    try:
+        for w in windows:
+            measure_overrides(w)
+    except ValueError as e:
+        ap.error(str(e))
+    if not windows:
+        ap.error(f"--windows: {args.windows!r}; allowed: rule, fixed, rule:KEY=VALUE...")
     source = ROOT / args.experiment
     exp = load_experiment(str(source))
     if exp.backend.kind != "sim":
@@ -173,21 +209,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="readme-search-") as tmp:
         storage = args.storage or tmp
-        for w in windows:
-            path = Path(tmp) / f"experiment-{w}.toml"
-            path.write_text(variant(source.read_text(), w, args.profile))
-            wexp = load_experiment(str(path))
-            truth = se.build_truth(wexp.backend.profile, wexp)
-            rows = []
-            for seed in range(args.seeds):
-                row = judge(run_once(str(path), seed, str(Path(storage) / w), args.timeout),
-                            truth, wexp)
-                rows.append(row)
+        paths, truths, wexps = {}, {}, {}
+        for i, w in enumerate(windows):
+            paths[w] = Path(tmp) / f"experiment-{i}.toml"
+            paths[w].write_text(variant(source.read_text(), w, args.profile))
+            wexps[w] = load_experiment(str(paths[w]))
+            truths[w] = se.build_truth(wexps[w].backend.profile, wexps[w])
+            results[w] = []
+        # Seed-major: a load spike falls on every variant.
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for i, w in enumerate(windows):
+                row = judge(run_once(str(paths[w]), seed, str(Path(storage) / f"w{i}"),
+                                     args.timeout), truths[w], wexps[w])
+                results[w].append(row)
                 print(f"  {w} seed {seed}: {row['boots']} boots, measuring "
-                      f"{row['measure_s']:.0f} s, at {row['at']:.1%}", flush=True)
-            results[w] = rows
+                      f"{row['measure_s']:.0f} s, wall {row['wall_s']:.0f} s, at "
+                      f"{row['at']:.1%}", flush=True)
     for w, rows in results.items():
-        report(rows, truth, title=f"{w} windows ({wexp.backend.profile})")
+        report(rows, truths[w], title=f"{w} windows ({wexps[w].backend.profile})")
     return 0
 
 

@@ -47,6 +47,39 @@ def _plateau_why(cf: Config) -> str:
     return cf.bracket_reason or ""
 
 
+def questions_line(data: RunData) -> str:
+    """'Plateau questions: 1 answered by a boot, 2 by the model (predicted, not booted).'; ''
+    where the search asked none (or its tables predate the column)."""
+    booted, model = data.booted_questions, data.model_answers
+    if not booted and not model:
+        return ""
+    return (f"Plateau questions: {len(booted)} answered by a boot, {len(model)} by the model "
+            f"(predicted, not booted).")
+
+
+def _question_blocks(data: RunData) -> list[r.Block]:
+    """Which plateau questions a boot answered (the jumps and brackets, with why each was
+    booted) and which the model answered without one (its verdict, with the probability)."""
+    booted, model = data.booted_questions, data.model_answers
+    if not booted and not model:
+        return []
+    out: list[r.Block] = [r.Heading(3, "Plateau questions: a boot or the model")]
+    out.append(r.Para(
+        "The search asks whether the curve climbs again beyond a plateau. A question costs a "
+        "boot only where the fitted model cannot rule out a climb beyond the noise band (its "
+        "errors on this run inside the band, a boot at the jump's value or beyond predicted "
+        "within the band, a climb in at most 5% of its posterior draws); otherwise the model "
+        "answers it, marked predicted, and a boot checks it only once a later measurement "
+        "contradicts the model."))
+    if booted:
+        out.append(r.Para("Answered by a boot: " + "; ".join(
+            f"{tid}: {why}" for tid, why in booted) + "."))
+    if model:
+        out.append(r.Para("Answered by the model (predicted, not booted): "
+                          + "; ".join(model) + "."))
+    return out
+
+
 def _counts(data: RunData) -> str:
     spec = [t for t in data.trials if not t.baseline]
     by = {s: sum(1 for t in spec if t.status == s) for s in ("ok", "infeasible", "failed",
@@ -122,6 +155,9 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     main_v = steps_v or (verdicts[0] if verdicts else None)
     if main_v is not None:
         lines.append(f"Plateau verdict: {main_v.summary}.")
+    asked = questions_line(data)
+    if asked:
+        lines.append(asked)
     once = (" (once: no repeat backs its figures; re-measure it before trusting a small "
             "margin)" if best.n == 1 else "")
     sure = f"How sure: best measured {best.n}x{once}; {band_text(data)}"
@@ -349,6 +385,7 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
         out.append(r.Para("No ordinal parameter took two values among usable configs."))
     for v in verdicts:
         out += _verdict_blocks(data, v)
+    out += _question_blocks(data)
 
     out.append(r.Heading(2, "Figures"))
     if not figures:

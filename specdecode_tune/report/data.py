@@ -81,6 +81,9 @@ class Trial:
     bracket_reason: str | None        # set when the hybrid booted it as a jump's bracket
     order: int                        # completion order among all trials, 0-based
     finished_at: datetime | None
+    # Plateau questions the sampler's model answered without a boot while this trial was
+    # proposed (the trials table's `plateau_answered`); () where none.
+    plateau_answered: tuple[str, ...] = ()
 
     @property
     def baseline(self) -> bool:
@@ -188,6 +191,23 @@ class RunData:
     name: str = ""
     extra_notes: tuple[str, ...] = field(default=())
     schedule_trials: tuple[Trial, ...] = ()   # the validation trials, by SCHEDULE_IDS
+
+    @property
+    def model_answers(self) -> list[str]:
+        """The plateau questions the model answered without a boot, in the order asked."""
+        return [s for t in sorted(self.trials, key=lambda t: t.order)
+                for s in t.plateau_answered]
+
+    @property
+    def booted_questions(self) -> list[tuple[str, str]]:
+        """(trial id, why) of each boot a plateau question made: a jump (its reason, which
+        says why the model could not answer it, or that it checks a model answer) or a
+        jump's bracket; in completion order, first measurements only."""
+        out = []
+        for t in sorted(self.trials, key=lambda t: t.order):
+            if t.repeat == 0 and (t.jump_reason or t.bracket_reason):
+                out.append((t.trial_id, t.jump_reason or t.bracket_reason or ""))
+        return out
 
     def schedule_trial(self, trial_id: str) -> Trial | None:
         """The last validation trial of that id that measured every level."""
@@ -304,6 +324,7 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                     "suspect_why": _suspect_why(bool(row["suspect"]), lv) if suspect else "",
                     "table_score": row["score"], "jump_reason": row["jump_reason"] or None,
                     "bracket_reason": row.get("bracket_reason") or None,
+                    "plateau_answered": _answered(row.get("plateau_answered")),
                     "order": order, "finished_at": row["finished_at"]})
 
     base_rows = [r for r in raw if (r["trial_id"] == BASELINE_ID or is_baseline(r["params"]))
@@ -437,3 +458,14 @@ def pct_ratio(ratio: float) -> str:
 def band_pct(band: float) -> str:
     """A log-units band as the relative ± a reader expects: 0.025 -> '±2.5%'."""
     return f"±{math.expm1(band) * 100:.1f}%"
+
+
+def _answered(raw: Any) -> tuple[str, ...]:
+    """The `plateau_answered` column's JSON list of sentences; () where null or unreadable."""
+    if not raw:
+        return ()
+    try:
+        got = json.loads(raw)
+    except (TypeError, ValueError):
+        return ()
+    return tuple(str(s) for s in got) if isinstance(got, list) else ()

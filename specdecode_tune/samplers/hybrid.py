@@ -8,7 +8,12 @@ Before each fresh trial, in this order:
    that level's own score); when it finds one, this trial is its far probe (the jump, with its
    reason and, once it finishes, its outcome recorded on the trial and in the study's
    `plateau_events`, as `PlateauEscapeSampler` records them). One probe at a time, never for an
-   enqueued trial. A jump that came back no better (within noise, or worse) is followed by
+   enqueued trial. The question costs a boot only where the model cannot answer it
+   (`answered`: its errors on this run inside the noise band, a boot at the jump's value or
+   beyond predicted within the band, a climb beyond the band in at most 5% of its draws);
+   where it can, the answer is recorded as predicted (with the probability) on the trial
+   planned instead, and booted as a check only once a later measurement contradicts it. A
+   jump that came back no better (within noise, or worse) is followed by
    its bracket (`plateau/bracket.py`): one boot in the middle of the stretch the jump skipped,
    where a peak the model cannot express can hide.
 2. **The model.** Otherwise the model-guided logic (`model/`) fits acceptance per draft
@@ -50,11 +55,16 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from ..space import ParamSpec
+from . import answered as answers
 from .model import DECISION_ATTR, ModelGuidedSampler
+from .observations import BASELINE_ATTR, Baseline
 from .planned import PlannedSampler, fit_into, set_trial_user_attr
 from .plateau import PlateauEscapeSampler
 from .plateau import events as ev
 from .plateau.bracket import next_bracket
+from .plateau.events import fmt
+from .plateau.geometry import Plateau
+from .plateau.scales import baseline_tok_s
 
 
 class HybridSampler(PlannedSampler):
@@ -106,8 +116,7 @@ class HybridSampler(PlannedSampler):
     # ------------------------------------------------------------------ the planned hooks
 
     def plan_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._plateau.plan_trial(study, trial)
-        if self._plateau.plan_of(study, trial) is not None:
+        if self._plateau_question(study, trial):
             event = ev.event_of(ev.load_events(study), trial.number)
             reason = "" if event is None else event["reason"]
             set_trial_user_attr(study, trial, DECISION_ATTR,
@@ -119,6 +128,110 @@ class HybridSampler(PlannedSampler):
         self._model.plan_trial(study, trial)
         if self._model.plan_of(study, trial) is not None:
             self.store_plan(study, trial, "model")
+
+    def _plateau_question(self, study: Study, trial: FrozenTrial) -> bool:
+        """Plans this trial as a plateau probe where one is due (`answered`): a model answer
+        a later measurement contradicts is checked by its jump; else each plateau found is put
+        to the model first, and answered by it (recorded, no boot) where it can rule the climb
+        out; the first it cannot is this trial's jump. Whether this trial is a probe."""
+        trials = study.get_trials(deepcopy=False)
+        events = ev.load_events(study)
+        if self._plateau._resolve_stale(events, trials):
+            ev.save_events(study, events)
+        if any(e["outcome"] is None for e in events):
+            return False        # one probe at a time
+        band = self._plateau._band(study)
+        due = self._check_due(study, trials, events, band)
+        if due is not None:
+            event, why = due
+            self._start_check(study, trial, event, why, events)
+            return True
+        said: list[str] = []
+        for _ in range(64):     # bounded: each answer blocks its plateau's height
+            plateau, inc = self._plateau._find_jump(study, trials, events, band)
+            if plateau is None or inc is None:
+                break
+            ans = self._answer(study, trials, plateau, dict(inc.params), band)
+            if ans.by_model:
+                event = ev.new_event(study, trial, plateau, inc, band,
+                                     None if plateau.level is None
+                                     else baseline_tok_s(study, plateau.level))
+                answers.record(event, ans, trial.number)
+                events.append(event)
+                said.append(event["verdict"])
+                continue
+            self._plateau._start_jump(study, trial, plateau, inc, band, events)
+            self._booted_because(study, trial, ans.why)
+            break
+        jumps = self._plateau.plan_of(study, trial) is not None
+        if said:
+            if not jumps:
+                ev.save_events(study, events)     # (a jump saved them with its own)
+            set_trial_user_attr(study, trial, answers.PLATEAU_ANSWER_ATTR, said,
+                                visible_now=True)
+        return jumps
+
+    def _answer(self, study: Study, trials: Sequence[FrozenTrial], plateau: Plateau,
+                incumbent: dict[str, Any], band: float) -> answers.Answer:
+        try:
+            return answers.answer(self._model, study, trials, plateau.axis,
+                                  plateau.direction, plateau.jump_to, incumbent,
+                                  plateau.level, band)
+        except Exception as e:  # noqa: BLE001 - an answer is advice: then the jump is booted
+            return answers.Answer(False, f"the model could not answer ({type(e).__name__})")
+
+    def _check_due(self, study: Study, trials: Sequence[FrozenTrial],
+                   events: list[dict[str, Any]], band: float
+                   ) -> tuple[dict[str, Any], str] | None:
+        """The first model answer a later measurement contradicts, and how (`answered`)."""
+        by_number = {t.number: t for t in trials}
+        base = Baseline.from_attr(study.user_attrs.get(BASELINE_ATTR))
+        for event in answers.answered(events):
+            why = answers.contradiction(event, trials, None if base is None else base.weights)
+            inc = by_number.get(event["incumbent_trial"])
+            if why is None and inc is not None:
+                ans = self._answer(study, trials, answers.plateau_of(event), dict(inc.params),
+                                   event["noise_band"])
+                if not ans.by_model:
+                    why = f"refitted to what was measured since, {ans.why}"
+            if why is not None and inc is not None:
+                return event, why
+        return None
+
+    def _start_check(self, study: Study, trial: FrozenTrial, event: dict[str, Any], why: str,
+                     events: list[dict[str, Any]]) -> None:
+        """Boot the jump a model answer stood for: the event becomes a jump's, judged when the
+        trial finishes as any jump is, with what the model had said kept."""
+        inc = next(t for t in study.get_trials(deepcopy=False)
+                   if t.number == event["incumbent_trial"])
+        event["check"] = why
+        event["model_verdict"] = event["verdict"]
+        event["trial_number"] = trial.number
+        event["outcome"] = None
+        event["verdict"] = None
+        event["reason"] = (f"check of the model's answer ({event['model_verdict']}): {why}; "
+                           f"jumping to {fmt(event['jump_to'])}")
+        self._plateau.store_plan(study, trial, {
+            "axis": event["axis"],
+            "direction": event["direction"],
+            "plateau_to": event["plateau_to"],
+            "jump_to": event["jump_to"],
+            "incumbent_at": event["incumbent_at"],
+            "params": {k: v for k, v in inc.params.items() if k != event["axis"]},
+        })
+        set_trial_user_attr(study, trial, ev.JUMP_REASON_ATTR, event["reason"], visible_now=True)
+        ev.save_events(study, events)
+
+    def _booted_because(self, study: Study, trial: FrozenTrial, why: str) -> None:
+        """Say on the jump why the model could not answer its question."""
+        events = ev.load_events(study)
+        event = ev.event_of(events, trial.number)
+        if event is None:
+            return
+        event["booted_because"] = why
+        event["reason"] = f"{event['reason']} (booted: {why})"
+        set_trial_user_attr(study, trial, ev.JUMP_REASON_ATTR, event["reason"], visible_now=True)
+        ev.save_events(study, events)
 
     def _bracket(self, study: Study, trial: FrozenTrial) -> bool:
         """Plans the bracket of a jump that came back no better (`plateau.bracket`), if one
@@ -158,11 +271,12 @@ class HybridSampler(PlannedSampler):
         .predict`), or None where there is no fit."""
         return self._model.predict(study, sampled)
 
-    def outlook(self, study: Study) -> dict[str, Any]:
+    def outlook(self, study: Study, band: float | None = None) -> dict[str, Any]:
         """What the next fresh trial would be, without planning one: {"by": "plateau", "why"}
         when a plateau is open (a probe decided or running, or one the next trial would start),
         else the model's decision ({"by": "model", "ei": the best remaining expected
-        improvement, ...} or {"by": "base", "why"})."""
+        improvement, ...} or {"by": "base", "why"}). `band`: the model's decision also says
+        the best expected gain beyond it ("ei_beyond_band", what the stop rule asks)."""
         trials = study.get_trials(deepcopy=False)
         events = ev.load_events(study)
         self._plateau._resolve_stale(events, trials)
@@ -170,13 +284,27 @@ class HybridSampler(PlannedSampler):
         if open_:
             return {"by": "plateau", "why": f"the plateau probe of trial "
                                             f"{open_[0]['trial_number']} has no answer yet"}
-        band = self._plateau._band(study)
-        plateau, _ = self._plateau._find_jump(study, trials, events, band)
-        if plateau is not None:
-            at = "" if plateau.level is None else f" at C={plateau.level}"
-            return {"by": "plateau", "why": f"a plateau{at} on {plateau.axis} is not probed yet"}
+        noise = self._plateau._band(study)
+        due = self._check_due(study, trials, events, noise)
+        if due is not None:
+            return {"by": "plateau", "why": f"the model's answer on {due[0]['axis']} is to be "
+                                            f"checked by a boot: {due[1]}"}
+        for _ in range(64):
+            # As `_plateau_question` would plan: a plateau the model answers is no open
+            # question (its answer is recorded when the next trial is planned).
+            plateau, inc = self._plateau._find_jump(study, trials, events, noise)
+            if plateau is None or inc is None:
+                break
+            ans = self._answer(study, trials, plateau, dict(inc.params), noise)
+            if not ans.by_model:
+                at = "" if plateau.level is None else f" at C={plateau.level}"
+                return {"by": "plateau",
+                        "why": f"a plateau{at} on {plateau.axis} is not probed yet"}
+            event = ev.new_event(study, inc, plateau, inc, noise, None)
+            answers.record(event, ans, len(trials))
+            events.append(event)
         found = next_bracket(events, trials, len(trials))
         if found is not None:
             return {"by": "plateau", "why": found[2]}
-        decision, _ = self._model.decide(study, len(trials))
+        decision, _ = self._model.decide(study, len(trials), band=band)
         return decision

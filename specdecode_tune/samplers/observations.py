@@ -43,6 +43,10 @@ from ..records import GRAPH_MEMORY, MEMORY_ROOM
 MEASURED_ATTR = "measured"          # trial user attr: what the trial measured (`Measured`)
 BASELINE_ATTR = "baseline"          # study user attr: the no-speculation baseline (`Baseline`)
 NOISE_BAND_ATTR = "noise_band"      # study user attr: the noise band the search measured
+# Trial user attr the search sets before a boot: what the sampler's model predicted for the
+# point (`HybridSampler.predict`: tok_s per level, score, p_feasible, ...). The samplers read
+# it back to know the model's errors on this run.
+PREDICTED_ATTR = "predicted"
 
 _KV = "max_total_num_tokens"        # the facts' names on the wire (and on ServerFacts)
 _LIMIT = "max_running_requests"

@@ -9,6 +9,7 @@ prints a line.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from ray.tune import Callback
 from ..config import Experiment
 from ..objective import pct
 from ..space import SHORT_NAMES
-from .searcher import BRACKET_KEY, JUMP_KEY, REPEAT_KEY
+from .searcher import BRACKET_KEY, JUMP_KEY, PLATEAU_ANSWER_KEY, REPEAT_KEY
 
 REASON_CHARS = 100      # a reason on a live line; the table and the report keep it whole
 
@@ -47,6 +48,12 @@ class Progress(Callback):
         bracket = trial.config.get(BRACKET_KEY)
         extra += f"  [plateau {bracket}]" if bracket else ""
         say(f"  start  {trial.trial_id}  {self._label(trial)}{extra}")
+        try:
+            answered = json.loads(trial.config.get(PLATEAU_ANSWER_KEY) or "[]")
+        except (TypeError, ValueError):
+            answered = []
+        for sentence in answered:
+            say(f"         [plateau, answered by the model without a boot: {sentence}]")
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:

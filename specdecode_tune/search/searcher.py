@@ -43,13 +43,15 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
 from ..samplers import DECISION_ATTR
+from ..samplers.answered import PLATEAU_ANSWER_ATTR
+from ..samplers.observations import PREDICTED_ATTR
 from ..space import DefineByRun
 from .stopping import PREDICTED_KEY, KVGate, StopRule
 
 __all__ = [
     "BRACKET_KEY", "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES",
-    "MEASURED_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY", "SAMPLER_KEY",
-    "SKIPPED_ATTR", "STOP_ATTR",
+    "MEASURED_KEY", "PLATEAU_ANSWER_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY",
+    "SAMPLER_KEY", "SKIPPED_ATTR", "STOP_ATTR",
     "FailureStreak", "ProposalSpace", "RepeatingSearcher",
     "SpecOptunaSearch", "failure_signature", "params_key",
 ]
@@ -59,13 +61,16 @@ log = logging.getLogger(__name__)
 REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
 JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
 BRACKET_KEY = "_bracket_reason"  # config key: why the hybrid booted a plateau jump's bracket
+PLATEAU_ANSWER_KEY = "_plateau_answered"  # config key: plateau questions the model answered
+                                # while this point was proposed (JSON list of sentences)
 SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
                                 # experiment's own point)
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
 MEASURED_KEY = "measured"       # final result key: what the trial measured, as JSON text (a
                                 # dict would be flattened by Tune)
 INFEASIBLE_SCORE = -5.0         # told to Optuna with a violated constraint: never the best
-PREDICTED_ATTR = "predicted"    # Optuna trial user attr: the model's prediction at proposal
+# PREDICTED_ATTR ("predicted"): the Optuna trial user attr with the model's prediction at
+# proposal; the samplers read it back (the model's errors on this run: `samplers.answered`).
 STOP_ATTR = "stop_reason"       # Optuna study user attr: why exploring stopped before the cap
 SKIPPED_ATTR = "kv_skipped"     # Optuna study user attr: boots the KV gate did not make
 
@@ -179,6 +184,11 @@ class ProposalSpace(DefineByRun):
         decision = trial.user_attrs.get(DECISION_ATTR)
         if isinstance(decision, dict) and decision.get("bracket"):
             constants[BRACKET_KEY] = decision.get("why") or "bracket"
+        answered = trial.user_attrs.get(PLATEAU_ANSWER_ATTR)
+        if answered:
+            # Plateau questions the model answered without a boot while this point was
+            # proposed: recorded with the trial that was booted instead.
+            constants[PLATEAU_ANSWER_KEY] = json.dumps(list(answered))
         constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
         predicted = _predict(trial)
         if predicted is not None:
@@ -337,6 +347,11 @@ class RepeatingSearcher(Searcher):
                     self.inner.study().set_user_attr(SKIPPED_ATTR, gate.skipped)
                 except Exception:  # the record is advice: never fatal
                     log.debug("could not store the skipped boots in the study", exc_info=True)
+                if self._knows() or self.explored >= self.max_trials:
+                    # The skip answered a question (a plateau probe the gate says is refused
+                    # is answered as a refusal): the stop rule may hold now. Without this
+                    # check the next proposal was booted, though the rule already held.
+                    return self.suggest(trial_id)
                 continue
             if not known and key not in self.infeasible:
                 # Tune's trial id owns the Optuna trial from here on.
@@ -380,7 +395,10 @@ class RepeatingSearcher(Searcher):
         rule = self.__dict__.get("stop_rule")      # a searcher pickled before the rule: None
         if rule is None:
             return False
-        done = self.__dict__.get("completed", 0)
+        # What the rule's answer can change with: a finished trial, or a proposal the KV gate
+        # skipped (told to the study as a refusal).
+        gate = self.__dict__.get("gate")
+        done = (self.__dict__.get("completed", 0), 0 if gate is None else len(gate.skipped))
         if rule.why is None:
             if self.__dict__.get("checked_at") == done:
                 # Nothing new since the last check: the same answer.

@@ -38,6 +38,7 @@ from .searcher import (
     INFEASIBLE_SCORE,
     JUMP_KEY,
     MEASURED_KEY,
+    PLATEAU_ANSWER_KEY,
     REPEAT_KEY,
     SAMPLER_KEY,
 )
@@ -105,7 +106,8 @@ def trainable(config: dict[str, Any], *, exp: Experiment, baseline: list[LevelSu
         "score": value if isinstance(value, float) else None,
         "jump_reason": config.get(JUMP_KEY), "bracket_reason": config.get(BRACKET_KEY),
         "sampler": config.get(SAMPLER_KEY, exp.search.sampler), "node_id": node_id(),
-        "predicted": config.get(PREDICTED_KEY)})
+        "predicted": config.get(PREDICTED_KEY),
+        "plateau_answered": config.get(PLATEAU_ANSWER_KEY)})
     tune.report(final_result(exp, result, feasible, value))
 
 

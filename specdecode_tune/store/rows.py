@@ -135,6 +135,7 @@ def trials_table(result: TrialResult, *, extra: Mapping[str, Any] | None = None)
         "score": None if score is None else float(score),
         "jump_reason": extra.get("jump_reason"),
         "bracket_reason": extra.get("bracket_reason"),
+        "plateau_answered": extra.get("plateau_answered"),
         "sampler": extra.get("sampler"),
         # The trial writes its own row, so by default the host writing is the host that ran it.
         "node": extra["node"] if "node" in extra else socket.gethostname(),

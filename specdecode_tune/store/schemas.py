@@ -117,6 +117,9 @@ TRIALS_SCHEMA = _schema(KEY_FIELDS + [
     # The sampler's model's prediction before the boot (JSON: tok_s per level, accept_length,
     # score, p_feasible, fit_error); null where the sampler has no model or no fit yet.
     _f("predicted", pa.string()),
+    # Plateau questions the sampler's model answered without a boot while this trial was
+    # proposed (JSON list of verdict sentences); null where none.
+    _f("plateau_answered", pa.string()),
 ], "trials")
 
 # GPU telemetry (specdecode_tune.telemetry): one row per GPU per sample of a measured level,
@@ -172,4 +175,4 @@ SORT_KEYS: dict[str, list[tuple[str, str]]] = {
 
 # Keys `write_trial(extra=...)` accepts: what the search knows and the trial result does not.
 TRIAL_EXTRA_KEYS = ("score", "jump_reason", "bracket_reason", "sampler", "node", "node_id",
-                    "started_at", "finished_at", "predicted")
+                    "started_at", "finished_at", "predicted", "plateau_answered")

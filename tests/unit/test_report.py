@@ -89,7 +89,8 @@ class Run:
             level_suspect: tuple[int, ...] = (), jump: str | None = None,
             bracket: str | None = None,
             mrr: int | None = None, score: float | None = None,
-            predicted: dict[str, Any] | None = None) -> None:
+            predicted: dict[str, Any] | None = None,
+            answered: list[str] | None = None) -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
         steps = params.get("speculative_num_steps", 0)
         levels = []
@@ -108,7 +109,8 @@ class Run:
         store.write_trial(self.path, result, extra={
             "jump_reason": jump, "bracket_reason": bracket,
             "finished_at": 1_700_000_000 + self.n, "node": "test",
-            "score": score, "predicted": None if predicted is None else json.dumps(predicted)})
+            "score": score, "predicted": None if predicted is None else json.dumps(predicted),
+            "plateau_answered": None if answered is None else json.dumps(answered)})
 
 
 def seed_run(path: Path, probe: dict[int, float] = PROBE_PEAK,
@@ -193,6 +195,27 @@ def test_the_configurations_table_says_why_the_plateau_question_booted_each_poin
         "jump: plateau on speculative_num_steps: 4 -> 5 gained +1.8%; jumping to 10")
     assert rows["steps=7"].rstrip(" |").endswith(why)
     assert not rows["steps=4"].rstrip(" |").endswith(("jump", "bracket"))
+
+
+def test_the_report_says_which_plateau_questions_a_boot_answered_and_which_the_model(
+        tmp_path: Path) -> None:
+    """The model's answers (the trials table's plateau_answered, on the trial proposed while
+    it answered) and the jumps a boot answered, in the summary and the verdicts section."""
+    run = seed_run(tmp_path)
+    said = ("speculative_eagle_topk=1..1 (best at 1): predicted no climb beyond the noise band "
+            "at speculative_eagle_topk=4, answered by the model without a boot: a climb "
+            "beyond the noise band at speculative_eagle_topk=4 has probability 1% under the "
+            "model")
+    run.add("t11", {"speculative_num_steps": 3}, {1: 250, 16: 1500}, answered=[said])
+    data = read_run(str(tmp_path))
+    assert data.model_answers == [said]
+    assert [tid for tid, _ in data.booted_questions] == ["t10"]
+    out = write_report(str(tmp_path))
+    assert ("Plateau questions: 1 answered by a boot, 1 by the model (predicted, not "
+            "booted).") in out.summary_lines
+    md = Path(out.path).read_text()
+    assert "Answered by the model (predicted, not booted): " + said in md
+    assert "Answered by a boot: t10: plateau on speculative_num_steps: 4 -> 5" in md
 
 
 def test_a_probe_of_one_levels_plateau_names_the_level(tmp_path: Path) -> None:
@@ -622,7 +645,10 @@ def test_report_files_figures_and_offline_html(tmp_path: Path) -> None:
     assert out.summary_lines[0].startswith("Best config: steps=4 topk=1 draft=5")
     assert "C=1 2.77x, C=16 1.60x" in out.summary_lines[0]
     assert out.summary_lines[1].startswith("Plateau verdict: steps 4 -> 5: +1.8% at C=1")
-    assert "noise band ±2.5% assumed" in out.summary_lines[2]
+    # Which plateau questions a boot answered and which the model did (here: the jump).
+    assert out.summary_lines[2] == ("Plateau questions: 1 answered by a boot, 0 by the model "
+                                    "(predicted, not booted).")
+    assert "noise band ±2.5% assumed" in out.summary_lines[3]
     assert not list((tmp_path / "report").glob(".*"))       # no temporary files left
 
 

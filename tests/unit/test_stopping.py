@@ -35,24 +35,31 @@ class Outlook:
     def __init__(self, outlook: dict) -> None:
         self.value = outlook
 
-    def outlook(self, study: object) -> dict:
+    def outlook(self, study: object, band: float | None = None) -> dict:
+        self.band = band
         return self.value
 
 
 @pytest.mark.parametrize(("outlook", "explored", "stops"), [
-    ({"by": "model", "ei": 0.001, "fit_error": 0.01}, 5, True),
-    ({"by": "model", "ei": 0.05, "fit_error": 0.01}, 5, False),      # still worth a boot
-    ({"by": "model", "ei": 0.001}, 2, False),                          # too few points
+    ({"by": "model", "ei": 0.001, "ei_beyond_band": 0.0, "fit_error": 0.01}, 5, True),
+    # Small gains likely (EI over a quarter of the band), none beyond the band worth a boot.
+    ({"by": "model", "ei": 0.02, "ei_beyond_band": 0.004, "fit_error": 0.01}, 5, True),
+    ({"by": "model", "ei": 0.05, "ei_beyond_band": 0.02, "fit_error": 0.01}, 5, False),
+    ({"by": "model", "ei": 0.001, "ei_beyond_band": 0.0}, 2, False),   # too few points
+    ({"by": "model", "ei": 0.001}, 5, False),              # no gain beyond the band said
     ({"by": "plateau", "why": "a plateau on steps is not probed yet"}, 5, False),
     ({"by": "base", "why": "poor fit"}, 5, False),                     # nothing known
 ])
-def test_the_stop_rule_needs_a_good_fit_no_open_plateau_and_ei_inside_the_band(
+def test_the_stop_rule_needs_a_good_fit_no_open_plateau_and_no_gain_beyond_the_band(
         outlook: dict, explored: int, stops: bool) -> None:
     rule = StopRule(min_explored=4)
-    why = rule.check(None, Outlook(outlook), 0.025, explored)
+    sampler = Outlook(outlook)
+    why = rule.check(None, sampler, 0.025, explored)
     assert (why is not None) == stops
+    if explored >= 4:
+        assert sampler.band == 0.025          # the rule's band is what the gain is beyond
     if stops:
-        assert "expected improvement" in why and "noise band" in why and rule.why == why
+        assert "beyond the noise band" in why and "0.0125" in why and rule.why == why
 
 
 def test_a_sampler_without_an_outlook_never_stops_early() -> None:
@@ -195,3 +202,46 @@ def test_the_hybrid_sampler_records_who_proposed_and_predicts_before_the_boot() 
     assert predicted and all({"tok_s", "accept_length", "p_feasible"} <= set(p)
                              for p in predicted)
     assert result["boots"] >= 1 + result["explored"]
+    # The stop rule's figure: the expected gain beyond a band, never more than the expected
+    # improvement itself, and smaller the wider the band.
+    sampler = captured[0].sampler
+    narrow = sampler.outlook(captured[0], band=0.01)
+    wide = sampler.outlook(captured[0], band=0.05)
+    if narrow["by"] == "model":
+        assert 0.0 <= wide["ei_beyond_band"] <= narrow["ei_beyond_band"] <= narrow["ei"]
+    assert "ei_beyond_band" not in sampler.outlook(captured[0])
+
+
+def test_a_gate_skip_is_news_to_the_stop_rule() -> None:
+    """A proposal the KV gate skips is told to the study as a refusal; that can answer what
+    kept the rule from stopping (a plateau probe the gate says the server refuses). The rule is
+    asked again before the next proposal is booted, not only after the next trial finishes."""
+    class Gate(KVGate):
+        def refuses(self, config: dict, refused_before: bool = False) -> str | None:
+            if config["speculative_num_steps"] >= 6:
+                self.skipped.append({"params": dict(config)})
+                return "predicted refused"
+            return None
+
+    class StopsAfterASkip:
+        why: str | None = None
+
+        def check(self, study: object, sampler: object, band: float, explored: int
+                  ) -> str | None:
+            if gate.skipped:
+                self.why = "the skip answered the last question"
+            return self.why
+
+    gate = Gate()
+    searcher = _searcher(StopsAfterASkip(), gate)
+    after_skip = []
+    for i in range(60):
+        cfg = searcher.suggest(f"t{i}")
+        if cfg == Searcher.FINISHED:
+            break
+        assert isinstance(cfg, dict)
+        if cfg.get(REPEAT_KEY, 0) == 0 and gate.skipped:
+            after_skip.append(cfg)
+        searcher.on_trial_complete(f"t{i}", _score(cfg))
+    assert gate.skipped and searcher.stop_reason == "the skip answered the last question"
+    assert after_skip == []          # no exploration booted once the rule held

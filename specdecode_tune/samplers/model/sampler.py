@@ -145,8 +145,11 @@ class ModelGuidedSampler(PlannedSampler):
 
     # ------------------------------------------------------------------ deciding
 
-    def decide(self, study: Study, number: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """(the decision recorded on the trial, the planned point or None for the base)."""
+    def decide(self, study: Study, number: int, band: float | None = None
+               ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(the decision recorded on the trial, the planned point or None for the base).
+        `band`: also say the largest expected gain beyond it over the free points
+        ("ei_beyond_band"; the stop rule's question, `search.stopping`)."""
         trials = study.get_trials(deepcopy=False)
         state = self.fitted(study, trials)
         if isinstance(state, str):
@@ -194,10 +197,14 @@ class ModelGuidedSampler(PlannedSampler):
         best_score = max(refs) if refs else (
             value_of(best_trial) if best_trial is not None else 0.0)
         picks = []
+        beyond = 0.0
         for ctx, fit, cands, obs, free, levels, scores in options:
             feasible = np.isfinite(scores)
             gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
             ei = gain.mean(axis=0)
+            if band is not None and free.any():
+                over = np.maximum(gain - band, 0.0).mean(axis=0)
+                beyond = max(beyond, float(over[free].max()))
             level_note = ""
             if self._per_level:
                 ei, level_note = _level_ei(levels, feasible, obs, fit.base)
@@ -234,6 +241,8 @@ class ModelGuidedSampler(PlannedSampler):
             "route": fit.step.route,
             "accept_measured_to": fit.accept.measured_depth,
         }
+        if band is not None:
+            decision["ei_beyond_band"] = beyond
         return decision, plan
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
@@ -417,6 +426,36 @@ class ModelGuidedSampler(PlannedSampler):
             "trials": fit.points,
         }
 
+    def pair_draws(self, study: Study, a: Mapping[str, Any], b: Mapping[str, Any], *,
+                   draws: int = 256, trials: Sequence[FrozenTrial] | None = None
+                   ) -> tuple[Fit, dict[int, np.ndarray], np.ndarray, np.ndarray] | str:
+        """Joint posterior draws at two points (the same draws of every coefficient, so what
+        the two share cancels in their difference): (the fit, log tok/s per level {c: (draws,
+        2)}, the score (draws, 2; -inf where refused), whether each boots (draws, 2)); or why
+        there are none (a sentence): no fit, a point the model cannot name, the two in
+        different contexts (their fits are separate)."""
+        trials = study.get_trials(deepcopy=False) if trials is None else trials
+        state = self.fitted(study, trials)
+        if isinstance(state, str):
+            return state
+        contexts = [c for c in self._contexts(trials) if c]
+        ctx_a = next((c for c in contexts if _in_context(a, c)), None)
+        ctx_b = next((c for c in contexts if _in_context(b, c)), None)
+        if ctx_a != ctx_b:
+            return "the two points are in different contexts of the model (separate fits)"
+        fit, cands, _ = state if ctx_a is None else self._fitted_in(study, trials, ctx_a, state)
+        try:
+            i, j = cands.keys.index(self._key_of(a)), cands.keys.index(self._key_of(b))
+        except ValueError:
+            return "a point the model cannot name"
+        two = _subset(cands, [i, j])
+        # Seeded by what has finished, so that asking before a trial starts (the search's
+        # outlook) and while planning it give the same draws.
+        done = sum(1 for t in trials if t.state.is_finished())
+        rng = np.random.default_rng([self._seed, 104729, done])
+        levels, ok = level_draws(fit, two, rng, draws)
+        return fit, levels, score_of(fit, levels, ok), ok
+
     def _key_of(self, sampled: Mapping[str, Any]) -> tuple:
         params = resolve(sampled, self._fixed)
         if is_baseline(params):
@@ -499,6 +538,18 @@ def _one(cands: Candidates, i: int) -> Candidates:
                       steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
                       draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
                       triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
+
+
+def _subset(cands: Candidates, idx: Sequence[int]) -> Candidates:
+    """The candidates reduced to those at `idx`, in that order (their own triple table)."""
+    triples = sorted({int(cands.triple[i]) for i in idx})
+    where = {t: n for n, t in enumerate(triples)}
+    return Candidates(sampled=tuple(cands.sampled[i] for i in idx),
+                      keys=tuple(cands.keys[i] for i in idx),
+                      steps=cands.steps[list(idx)], topk=cands.topk[list(idx)],
+                      draft=cands.draft[list(idx)], mem=cands.mem[list(idx)],
+                      triple=np.array([where[int(cands.triple[i])] for i in idx]),
+                      triples=tuple(cands.triples[t] for t in triples))
 
 
 def _accept_of(fit: Fit, steps: int, topk: int, draft: int) -> float:
