@@ -327,6 +327,7 @@ def memory_facts(log_text: str) -> dict[str, float]:
 
 
 V1_LOADS = "/v1/loads?include=core"
+METRICS_TIMEOUT_S = 1.5
 NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
                         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 GENERATED = "sglang:generation_tokens_total"
@@ -682,7 +683,10 @@ class SGLangBackend:
         # completion_tokens and its spec_verify_ct (0.5.17 metrics_collector.py L1486-1495,
         # L1713-1727; tokenizer_manager.py L2866-2893). Not the `spec_accept_length` gauge: it
         # is the last decode log interval's, not a window's. None before 0.5.13 (no counter).
-        samples = speccounters.read_samples(base_url, headers=headers)
+        # A short wait: the trial asks at every level's start, and a hung server must not
+        # hold it (its /metrics answered in milliseconds on the H100, under load).
+        samples = speccounters.read_samples(base_url, timeout_s=METRICS_TIMEOUT_S,
+                                            headers=headers)
         return None if samples is None else spec_counters(samples)
 
     def window_acceptance(self, before: Mapping[str, float] | None,
