@@ -90,7 +90,7 @@ def test_one_real_search_is_counted_read_back_and_judged(rs: ModuleType, tmp_pat
     assert "of the model's optimum" in line and "vs the run's best median" in line
     assert "target: stops by itself" in out
     # The run dir is a real search's: its tables are there to read again.
-    assert (tmp_path / "runs" / "rule" / "seed0" / "tables").is_dir()
+    assert (tmp_path / "runs" / "w0" / "seed0" / "tables").is_dir()    # variant 0, seed 0
     assert "measuring" in line and "s a boot" in line
 
 
