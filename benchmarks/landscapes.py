@@ -54,7 +54,7 @@ from specdecode_tune.samplers.model import (
 )
 from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
-from specdecode_tune.space import DRAFT, STEPS, TOPK, DefineByRun, ParamSpec, as_served, resolve
+from specdecode_tune.space import STEPS, DefineByRun, ParamSpec, as_served, resolve
 
 DATA = Path(__file__).resolve().parent / "data"
 META_KEY = b"landscape"
@@ -107,8 +107,7 @@ class Landscape:
     def key_of(self, sampled: dict[str, Any]) -> Key | None:
         """The recorded point a sampled one is, as the server runs it (topk 1's draft tokens
         are not sampled: steps + 1); None where the draft tree cannot hold it."""
-        served = as_served({**resolve(sampled, {}), **sampled}
-                           if TOPK in self.names and DRAFT in self.names else sampled)
+        served = as_served(sampled)
         return None if served is None else tuple(served[n] for n in self.names)
 
     def draw(self, key: Key, seed: int, nth: int) -> Boot:

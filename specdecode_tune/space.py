@@ -170,12 +170,12 @@ def resolve(sampled: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict[str, A
 
 
 def as_served(point: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A grid point (a recorded landscape's) as the server runs it: where it names both topk and
-    draft tokens, the draft tokens topk 1 forces (steps + 1), and None where the draft tree
+    """A grid point (a recorded landscape's, or a sampled one) as the server runs it: where it
+    names topk, its draft tokens (steps + 1 at topk 1, forced), and None where the draft tree
     cannot hold them (`invalid_reason`); other points unchanged. Two grid points that a server
     runs alike are then one point, booted once."""
     out = dict(point)
-    if TOPK not in point or DRAFT not in point or is_baseline(point):
+    if TOPK not in point or is_baseline(point):
         return out
     full = resolve(point, {})
     if invalid_reason(full) is not None:

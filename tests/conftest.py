@@ -23,3 +23,21 @@ def pid_alive(pid: int) -> bool:
 @pytest.fixture
 def free_port() -> int:
     return pick_free_port()
+
+
+def bench_module(name: str):
+    """benchmarks/<name>.py as a module (once per process; benchmarks/ on sys.path, since the
+    benchmark scripts import each other from beside themselves)."""
+    import importlib.util
+    import sys
+    if name in sys.modules:
+        return sys.modules[name]
+    bench = REPO / "benchmarks"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module          # dataclasses and pickling look it up
+    spec.loader.exec_module(module)
+    return module

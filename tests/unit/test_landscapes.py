@@ -3,12 +3,10 @@ resume (benchmarks/record_landscape.py), on small tables written here: no server
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,22 +15,15 @@ import pytest
 
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE
+from tests.conftest import bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "llamacpp-cpu.toml"
 STEPS = "speculative_num_steps"
 NGRAM = "spec_ngram_simple_size_n"
 
 
 def _load(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module          # dataclasses and pickling look it up
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(name)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ tune_speculative_k's rule as benchmarks/peers.py applies it. Loopback only, seco
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.conftest import bench_module
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 TABLE = BENCH / "data" / "vllm-cpu-ngram.parquet"
@@ -23,16 +24,7 @@ STEPS = "speculative_num_steps"
 
 
 def _load(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(name)
 
 
 @pytest.fixture(scope="module")
