@@ -5,393 +5,58 @@ SGLang's rules that shape the argv (docs/engines-sglang.md): the three speculati
 passed together or not at all (the baseline passes none, nor the algorithm); any other searched
 or fixed setting is passed as `--name-with-dashes value`, a true boolean as a bare flag.
 
-What differs between SGLang releases lives here too (docs/engines-sglang.md, each fact with
-its source): the backend knows the release its servers run (`engine_version`: the experiment's
-`backend.engine_version`, else the sglang installed in this Python, else `DEFAULT_VERSION`, the
-release the project's contract tests run) and emits only what that release accepts.
+What differs between SGLang releases is known in backends/ too (docs/engines-sglang.md, each
+fact with its source): the backend knows the release its servers run (`engine_version`: the
+experiment's `backend.engine_version`, else the sglang installed in this Python, else
+`DEFAULT_VERSION`, the release the project's contract tests run) and emits only what that
+release accepts. That knowledge is in the modules beside this one: `sglang_releases` (flags
+by release, the hybrid models' refusal), `sglang_python` (the servers' Python: its release,
+SGLang's own argument check), `sglang_logs` (start-up failures, memory lines), `sglang_wire`
+(/generate's stream, /metrics' counters, /v1/loads) and `sglang_schedule` (the adaptive-config
+file).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import shlex
-import subprocess
 import sys
 import urllib.error
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..enginecache import expand_path
 from ..errors import ConfigError
-from ..records import FACTS_UNREAD, GRAPH_MEMORY, MEMORY_ROOM, ServerFacts
+from ..records import FACTS_UNREAD, ServerFacts
 from ..space import DRAFT, STEPS, TOPK, is_baseline
-from . import httpread, prometheus, speccounters
+from . import httpread, speccounters
 from .common import at_least, flag_args, get_json
 from .failurepatterns import FailurePatterns
 from .files import LocalFile, hub_or_local
-from .schedule import NOTHING, ScheduleAsk, ScheduleFile, Slots, check_slots
-from .streamformat import NativeApi, PromptFields, StreamFormat, check_error_event
-
-# SGLang's start-up failures (docs/engines-sglang.md section 12 has each line's source, per
-# release): the memory pool checks (the KV pool, or a hybrid model's state cache, left after
-# the weights cannot hold a request), and the argument checks, which assert or raise ValueError
-# in server_args.py (0.5.10.post1) or, from 0.5.13, in arg_groups/*.py (the speculative ones:
-# arg_groups/speculative_hook.py, called from server_args.py). Every pattern is kept whatever
-# the release: a line of one release never means another thing in another.
-# Its out-of-memory lines are PyTorch's (the classifier knows those for every engine; a capture
-# that runs out says "Capture cuda graph failed: CUDA out of memory. ..." in every release);
-# its hints say "out-of-memory", "an OOM problem" and "This is not an out-of-memory error",
-# which must not count.
-FAILURE_PATTERNS = FailurePatterns(
-    kv_memory=(
-        # 0.5.10.post1 model_runner_kv_cache_mixin.py L57; 0.5.17 pool_configurator.py L64 (a
-        # budget that rounds to no token)
-        r"Not enough memory\. Please try to increase --mem-fraction-static",
-        # 0.5.14+ (0.5.17 mem_cache/kv_cache_configurator.py L1648): the weights (target and
-        # draft) leave no budget; 0.5.10.post1 said "Not enough memory" for this too
-        r"Loaded weights leave no GPU memory for the KV cache",
-        # 0.5.13+ (0.5.17 kv_cache_configurator.py L1964, L1754): a hybrid model's state cache
-        r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache",
-        r"state cache is too small to serve any requests",
-        # 0.5.14+ (0.5.17 pool_configurator.py L576): sliding-window models
-        r"leaves no room for the full KV pool",
-    ),
-    arg_exceptions=("AssertionError",),
-    arg_check_files=(r"server_args\.py", r"arg_groups[/\\]\w+\.py"),
+from .schedule import NOTHING, ScheduleAsk, ScheduleFile
+from .sglang_logs import FAILURE_PATTERNS, memory_facts
+from .sglang_python import argcheck, installed_version, python_sglang_version, without_endpoint
+from .sglang_releases import (
+    ADAPTIVE_FLAGS_SINCE,
+    ADAPTIVE_PER_BATCH_SIZE_SINCE,
+    DEFAULT_VERSION,
+    RADIX_SPEC_ALLOWED_SINCE,
+    RADIX_SPEC_REFUSED,
+    local_architecture,
+    radix_spec_refusal,
+    renamed,
 )
-
-
-def generate_body(prompt: PromptFields) -> dict[str, Any]:
-    """SGLang's native `/generate` request, streamed."""
-    return {
-        "text": prompt.text,
-        "sampling_params": {
-            "max_new_tokens": prompt.output_len,
-            "temperature": prompt.temperature,
-            "ignore_eos": prompt.ignore_eos,
-        },
-        "stream": True,
-    }
-
-
-def interpret_generate(obj: Any) -> tuple[bool, int | None, dict[str, Any] | None]:
-    """SGLang `/generate`: ``meta_info.completion_tokens`` is cumulative in every chunk."""
-    if type(obj) is not dict:
-        raise TypeError("chunk is not an object")
-    meta = obj.get("meta_info")
-    if meta is None:
-        check_error_event(obj)
-        return bool(obj.get("text")), None, None
-    if type(meta) is not dict:
-        raise TypeError("meta_info is not an object")
-    ct = meta.get("completion_tokens")
-    return True, (ct if type(ct) is int else None), meta
-
-
-# The speculative fields of a finished request's last /generate chunk (tokenizer_manager.py
-# `_calculate_spec_decoding_metrics`: 0.5.10.post1 L1902-1943, 0.5.17 L2739-2818), by the
-# release that first writes them, newest first: (since, accepted draft tokens, proposed draft
-# tokens, histogram), each the names it writes, its own first, the old ones it keeps as
-# aliases after. Every release also writes `spec_verify_ct` and `spec_accept_length`
-# (= completion_tokens / spec_verify_ct). The meanings are the same in all: accepted = draft
-# tokens the target took (the bonus token not counted), proposed = spec_verify_ct times
-# (--speculative-num-draft-tokens - 1) as the server was started (under the adaptive schedule
-# that is the starting steps', not what each step drafted), histogram index j = this request's
-# verify steps that took exactly j draft tokens (0.5.10.post1 eagle_info.py L430-433, 0.5.17
-# batch_result_processor.py L636, L685-689).
-SPEC_FIELD_NAMES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
-    ("0.5.12", ("spec_num_correct_drafts", "spec_accepted_drafts"),
-     ("spec_num_proposed_drafts", "spec_proposed_drafts"),
-     ("spec_correct_drafts_histogram", "spec_accept_histogram")),
-    ("0.5.11", ("spec_accepted_drafts",), ("spec_proposed_drafts",), ("spec_accept_histogram",)),
-    ("0", ("spec_accept_token_num",), ("spec_draft_token_num",), ("spec_accept_histogram",)),
-)
-
-
-def spec_field_names(version: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(accepted, proposed, histogram) names that release `version` writes."""
-    return next(row[1:] for row in SPEC_FIELD_NAMES if at_least(version, row[0]))
-
-
-def _every(i: int) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(name for row in SPEC_FIELD_NAMES for name in row[i]))
-
-
-# What SGLang streams: its own /generate API beside the OpenAI ones, and per request (in
-# /generate's meta_info) its speculative counters, under the names of every release above,
-# the newest first (the load generator takes the first present, so one format reads them all).
-STREAM_FORMAT = StreamFormat(
-    native_apis=(NativeApi("generate", "/generate", generate_body, interpret_generate),),
-    verify_ct=("spec_verify_ct",),
-    accepted=_every(1),
-    drafted=_every(2),
-    histogram=_every(3),
-)
-
-# The release the contract tests parse with (tests/contract, scripts/install_sglang_cpu.sh) and
-# the simulator imitates; the default when nothing says which release the servers run.
-DEFAULT_VERSION = "0.5.10.post1"
-# --speculative-adaptive / --speculative-adaptive-config exist from 0.5.11 (argparse refuses
-# them before: exit 2); the per-batch-size file the report writes (keys = batch sizes, each
-# {"candidate_steps": [...]}) is read from 0.5.13 (0.5.11-0.5.12 take one flat object).
-ADAPTIVE_FLAGS_SINCE = "0.5.11"
-ADAPTIVE_PER_BATCH_SIZE_SINCE = "0.5.13"
-
-# Hybrid (linear-attention / mamba) architectures whose speculation SGLang refuses with radix
-# cache on under the default --mamba-scheduler-strategy no_buffer, at argument checking
-# (server_args.py `_handle_mamba_radix_cache`, 0.5.10.post1 to 0.5.13; from 0.5.14 its
-# --mamba-radix-cache-strategy auto picks a buffer itself). Qwen3.5-MoE, the seed's, is one.
-RADIX_SPEC_REFUSED = ("Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                      "Qwen3_5ForConditionalGeneration", "NemotronHForCausalLM",
-                      "FalconH1ForCausalLM", "JetNemotronForCausalLM",
-                      "JetVLMForConditionalGeneration", "Lfm2ForCausalLM")
-RADIX_SPEC_ALLOWED_SINCE = "0.5.14"
-
-# Flags SGLang renamed (docs/engines-sglang.md section 1): from 0.5.14 `--cuda-graph-max-bs` is
-# `--cuda-graph-max-bs-decode` (the old name a deprecated alias through 0.5.18; from 0.5.20
-# argparse's prefix matching refuses it as ambiguous with `--cuda-graph-max-bs-prefill`) and
-# `--mamba-scheduler-strategy` is `--mamba-radix-cache-strategy` (same values plus `auto`;
-# the old name gone from 0.5.20). The experiment keeps one name, the one 0.5.10 has; the
-# backend writes the one the servers' release takes.
-RENAMED_FLAGS = {"cuda_graph_max_bs": ("0.5.14", "cuda_graph_max_bs_decode"),
-                 "mamba_scheduler_strategy": ("0.5.14", "mamba_radix_cache_strategy")}
-
-# SGLang's own argument check (backends/sglang_argcheck.py), run by the servers' Python.
-ARGCHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_argcheck.py")
-ARGCHECK_TIMEOUT_S = 300.0
-
-
-def radix_spec_refusal(arch: str) -> str:
-    """SGLang's words for that refusal (sic: no space after the first period)."""
-    return (f"Speculative decoding for {arch} is not compatible with radix cache when using "
-            "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, "
-            "please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
-
-
-def local_architecture(model_path: str) -> str | None:
-    """`architectures[0]` of a local model folder's config.json, or None (a hub id, a path not
-    on this machine, no readable config)."""
-    path = os.path.join(os.path.expandvars(os.path.expanduser(model_path)), "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            archs = json.load(f).get("architectures")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-
-
-
-
-@functools.cache
-def installed_version() -> str | None:
-    """The sglang release installed in this Python, or None (read once)."""
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
-
+from .sglang_schedule import SCHEDULE_ABOUT, SCHEDULE_FILE, SCHEDULE_TITLE, adaptive_config
+from .sglang_wire import GENERATED, STREAM_FORMAT, V1_LOADS, VERIFY_CALLS, load_count, spec_counters
+from .streamformat import StreamFormat
 
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
-
-
-def renamed(params: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """`params` with the flags `version` renamed under their new names (RENAMED_FLAGS)."""
-    out: dict[str, Any] = {}
-    for name, value in params.items():
-        since, new = RENAMED_FLAGS.get(name, ("", ""))
-        out[new if since and at_least(version, since) else name] = value
-    return out
-
-
-@functools.cache
-def python_sglang_version(python: str) -> str | None:
-    """The sglang release installed for another Python, or None (read once per Python)."""
-    try:
-        out = subprocess.run([python, "-c", "import importlib.metadata as m; "
-                              "print(m.version('sglang'))"], capture_output=True, text=True,
-                             timeout=60, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = out.stdout.split()
-    return lines[-1] if out.returncode == 0 and lines else None
-
-
-@functools.cache
-def _argcheck(python: str, job: str) -> dict[str, Any]:
-    """SGLang's answers for a job (JSON) run by `python`; cached: a search asks about the
-    same command line again (re-measurements, resumed trials)."""
-    try:
-        out = subprocess.run([python, ARGCHECK], input=job, capture_output=True, text=True,
-                             timeout=ARGCHECK_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"sglang": None, "error": f"the argument check did not run: {e}"}
-    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
-    try:
-        answer = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        err = [ln for ln in out.stderr.splitlines() if ln.strip()]
-        return {"sglang": None, "error": f"the argument check failed (exit status "
-                                         f"{out.returncode}): {err[-1] if err else 'no output'}"}
-    return answer
-
-
-def _without_endpoint(args: list[str]) -> list[str]:
-    """Server arguments without `--host`/`--port` (the trial's port is a placeholder here)."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in ("--host", "--port"):
-            skip = True
-        else:
-            out.append(a)
-    return out
-
-
-# SGLang's memory lines: each rank logs the free memory of its GPU ("avail mem=X GB", X in
-# 2**30 bytes, read after emptying the allocator's cache) before it loads weights, and after
-# each CUDA graph capture with what that capture kept. "Load weight begin. avail mem=X GB" is
-# the same in every release (0.5.10.post1 model_runner.py L1075, 0.5.17 L1012); the first one
-# of a rank is the target's (the draft model loads after it). The capture's end line:
-# - 0.5.10.post1 to 0.5.13: "Capture cuda graph end. Time elapsed: T s. mem usage=K GB. avail
-#   mem=X GB." (model_runner.py L2460-2461; the piecewise prefill graphs' L2574-2575; the EAGLE
-#   draft worker's "Capture draft cuda graph end. ..." and "Capture draft extend cuda graph
-#   end. ...", eagle_worker.py L257, L272): a period after the usage.
-# - from 0.5.14 (`CAPTURE_COMMA_SINCE`): one line per graph kind, a comma after the usage:
-#   "Capture target verify CUDA graph end. elapsed=T s, mem usage=K GB, avail mem=X GB." (0.5.17
-#   model_runner_components/cuda_graph_setup.py L453-455: "{target|draft} {decode|verify}";
-#   L374-376: "target prefill" / "draft prefill"; eagle_worker_v2.py L384-387 "draft decode",
-#   L479-482 "draft extend"; multi-layer EAGLE's per-step draft extend,
-#   multi_layer_eagle_draft_extend_cuda_graph_runner.py L602-605, L905-907).
-# Both forms are read. From 0.5.12 the draft worker writes its own captures' lines (draft
-# decode, draft extend) on TP rank 0 only (`log_info_on_rank0`; 0.5.17 eagle_worker_v2.py L362,
-# L382, L455, L477), after the lines every rank writes, so with tp > 1 the other ranks' logs
-# stop short: their missing captures are taken as TP0's (the draft is sharded alike), their
-# usage taken off the rank's last reading and added to what its captures kept.
-# The rank tags come from SGLang's log prefix ("[%(asctime)s DP0 PP0 ATTN_CP0 MOE_DP0 TP1 EP1]",
-# configure_logger's prefix as the scheduler builds it; the same in 0.5.17, scheduler.py
-# L4846-4856).
-CAPTURE_COMMA_SINCE = "0.5.14"
-_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=([0-9.]+) GB")
-_CAPTURE_END = re.compile(r"Capture [^\n]*? end\. [^\n]*?mem usage=(-?[0-9.]+) GB[.,] "
-                          r"avail mem=([0-9.]+) GB")
-_RANK = re.compile(r"\b([A-Z][A-Z_]*\d+)\b")
-
-
-def memory_facts(log_text: str) -> dict[str, float]:
-    """records.MEMORY_ROOM and GRAPH_MEMORY from a boot's log: the free memory after the last
-    CUDA graph capture, and the memory the captures kept (their "mem usage" summed), over the
-    free memory before the weights, on the rank with the least room; {} where the log has no
-    capture line (CUDA graphs off, a CPU server). A rank whose log lacks the last captures of
-    the rank with the most (SGLang >= 0.5.12 logs the draft's on TP0 only) is given that
-    rank's usage for them.
-
-    SGLang sizes its static pool as mem_fraction_static times the memory free at start-up (the
-    rest outside the pool is that times 1 - mem_fraction_static: `profile_max_num_token`;
-    0.5.17 kv_cache_configurator.py `_profile_available_bytes`, where the draft's weights are
-    in the pool too), so adding r to the fraction takes r times that memory from what the
-    capture had: the room is how far the fraction could have risen, at most. Not the boundary
-    itself: the warm-up passes before each capture use memory they free before the reading."""
-    first: dict[str, float] = {}
-    captures: dict[str, list[tuple[float, float]]] = {}    # (mem usage, avail mem) per line
-    for line in log_text.splitlines():
-        head = line[:line.find("]") + 1] if line.startswith("[") else ""
-        rank = " ".join(_RANK.findall(head))
-        if (m := _LOAD_BEGIN.search(line)) is not None:
-            first.setdefault(rank, float(m.group(1)))
-        elif (m := _CAPTURE_END.search(line)) is not None and rank in first:
-            captures.setdefault(rank, []).append((max(0.0, float(m.group(1))),
-                                                  float(m.group(2))))
-    if not captures:
-        return {}
-    fullest = max(captures.values(), key=len)
-    room: dict[str, tuple[float, float]] = {}
-    for rank, lines in captures.items():
-        if first[rank] <= 0:
-            continue
-        unseen = sum(usage for usage, _ in fullest[len(lines):])
-        room[rank] = ((lines[-1][1] - unseen) / first[rank],
-                      (sum(usage for usage, _ in lines) + unseen) / first[rank])
-    if not room:
-        return {}
-    left, graphs = min(room.values())
-    return {MEMORY_ROOM: round(max(0.0, left), 6), GRAPH_MEMORY: round(graphs, 6)}
-
-
-V1_LOADS = "/v1/loads?include=core"
 METRICS_TIMEOUT_S = 1.5
 NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
                         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
-GENERATED = "sglang:generation_tokens_total"
-VERIFY_CALLS = "sglang:spec_verify_calls_total"
-
-
-def spec_counters(samples: Sequence[prometheus.Sample]) -> dict[str, float] | None:
-    """The two counters of a /metrics page whose deltas give a window's acceptance (each
-    summed over its labels), or None where the release writes no verify-call counter."""
-    found = {name: prometheus.total(samples, name) for name in (GENERATED, VERIFY_CALLS)}
-    gen, calls = found[GENERATED], found[VERIFY_CALLS]
-    return None if gen is None or calls is None else {GENERATED: gen, VERIFY_CALLS: calls}
-
-
-def _load_count(body: Any, keys: tuple[str, ...]) -> int | None:
-    """Requests running or waiting, summed over the DP ranks of a /v1/loads (its `loads`) or
-    /get_load answer; None where a rank lacks a count."""
-    ranks = body["loads"] if isinstance(body, dict) and "loads" in body else body
-    if isinstance(ranks, dict):
-        ranks = [ranks]
-    if not isinstance(ranks, list) or not ranks:
-        return None
-    total = 0
-    for rank in ranks:
-        for key in keys:
-            n = rank.get(key) if isinstance(rank, dict) else None
-            if not isinstance(n, int) or isinstance(n, bool):
-                return None
-            total += n
-    return total
-
-
-# The per-batch-size schedule file (`schedule_file`): SGLang `--speculative-adaptive-config`
-# (with `--speculative-adaptive`), as read in the stored sgl-project/sglang sources. Released
-# wheels: the flags exist from 0.5.11 and read this format from 0.5.13 (docs/engines-sglang.md
-# section 3), so the command is given only where `schedule_params` says the servers' release
-# takes it. The flag takes the PATH of a JSON file ("Path to a JSON config file for adaptive
-# speculative decoding tuning knobs", `python/sglang/srt/arg_groups/fields/spec.py`, commit
-# 015c8726). `python/sglang/srt/speculative/adaptive_spec_params.py` (commit 015c8726),
-# `_load_adaptive_config`: the keys that are integer strings are batch sizes, each
-# `{"candidate_steps": [non-negative ints], ...}` (optional `ema_alpha`, `update_interval`,
-# `warmup_batches`, `up_hysteresis`, `down_hysteresis`, `ceiling_coeff`); a top-level
-# `"strategy"` is "ema" (default) or "throughput_aware" (in the stored source, in no wheel up to
-# 0.5.23; none is written here); `adaptive_unsupported_reason` refuses adaptive mode unless
-# topk = 1 and the algorithm is EAGLE/EAGLE3. `adaptive_step_router.py` (commit a12239f6) routes
-# a batch to the largest key <= its size after CUDA-graph padding (the first key below that).
-# `_init_adaptive_speculative_params` in `arg_groups/speculative_hook.py` (commit 004c82e0):
-# `--speculative-num-steps` must be in the union of the candidate steps, and draft tokens become
-# steps + 1. A slot with one candidate never moves: a fixed per-level schedule.
-SCHEDULE_FILE = "sglang-adaptive-config.json"
-SCHEDULE_TITLE = "SGLang: --speculative-adaptive-config"
-SCHEDULE_ABOUT = (
-    f"A JSON file (written next to this report as `{SCHEDULE_FILE}`), passed "
-    f"with `--speculative-adaptive --speculative-adaptive-config PATH` (SGLang >= 0.5.13 "
-    f"reads this format); topk = 1 only. "
-    f"Keys are batch sizes: SGLang uses the largest key <= the batch size (after "
-    f"CUDA-graph padding); one candidate per key pins that level's steps. Format as "
-    f"read in sgl-project/sglang `speculative/adaptive_spec_params.py`.")
-
-
-def adaptive_config(slots: Slots) -> dict[str, Any]:
-    """SGLang's adaptive-config JSON: one candidate per slot (a fixed schedule)."""
-    check_slots(slots)
-    return {str(start): {"candidate_steps": [steps]} for start, steps in slots}
 
 
 class SGLangBackend:
@@ -527,10 +192,10 @@ class SGLangBackend:
         if python is None or not argvs:
             return [None] * len(argvs)
         head = len(self._head(cfg))
-        cases = [{"argv": _without_endpoint(list(a[head:])), "env": self.env(cfg)}
+        cases = [{"argv": without_endpoint(list(a[head:])), "env": self.env(cfg)}
                  for a in argvs]
-        answer = _argcheck(python, json.dumps({"cases": cases, "cpu_if_no_gpu": True},
-                                              sort_keys=True))
+        answer = argcheck(python, json.dumps({"cases": cases, "cpu_if_no_gpu": True},
+                                             sort_keys=True))
         found = answer.get("cases")
         if not isinstance(found, list) or len(found) != len(argvs):
             return [None] * len(argvs)
@@ -642,8 +307,8 @@ class SGLangBackend:
         # where one is set.
         if base_url not in self._no_v1_loads:
             try:
-                return _load_count(get_json(base_url + V1_LOADS, timeout_s, headers),
-                                   ("num_running_reqs", "num_waiting_reqs"))
+                return load_count(get_json(base_url + V1_LOADS, timeout_s, headers),
+                                  ("num_running_reqs", "num_waiting_reqs"))
             except urllib.error.HTTPError as e:
                 if e.code != 404:
                     return None
@@ -651,8 +316,8 @@ class SGLangBackend:
             except (OSError, ValueError):
                 return None
         try:
-            return _load_count(get_json(f"{base_url}/get_load", timeout_s, headers),
-                               ("num_reqs",))
+            return load_count(get_json(f"{base_url}/get_load", timeout_s, headers),
+                              ("num_reqs",))
         except (OSError, ValueError):
             return None
 

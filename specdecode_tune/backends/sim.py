@@ -15,7 +15,8 @@ from ..config import BackendConfig
 from . import simargs
 from .common import each_refusal, fmt
 from .files import LocalFile
-from .sglang import DEFAULT_VERSION, SGLangBackend
+from .sglang import SGLangBackend
+from .sglang_releases import DEFAULT_VERSION
 
 
 class SimBackend(SGLangBackend):

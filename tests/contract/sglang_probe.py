@@ -108,8 +108,8 @@ def run_tree(steps: int, topk: int, draft: int, batch: int = 2, vocab: int = 64)
     return {"ok": True, "candidates": candidates}
 
 
-# SGLang's memory log lines the backend reads (`memory_facts` in backends/sglang.py): where they
-# are written, and a phrase that tells each one.
+# SGLang's memory log lines the backend reads (`memory_facts` in backends/sglang_logs.py): where
+# they are written, and a phrase that tells each one.
 MEMORY_LINES = (
     ("sglang.srt.model_executor.model_runner", "Load weight begin"),
     ("sglang.srt.model_executor.model_runner", "end. Time elapsed"),

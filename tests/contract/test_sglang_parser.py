@@ -28,7 +28,8 @@ import pytest
 
 from specdecode_tune import enginecache, store
 from specdecode_tune.backends import get_backend
-from specdecode_tune.backends.sglang import memory_facts, radix_spec_refusal
+from specdecode_tune.backends.sglang_logs import memory_facts
+from specdecode_tune.backends.sglang_releases import radix_spec_refusal
 from specdecode_tune.config import Experiment, load_experiment
 from specdecode_tune.records import (
     GRAPH_MEMORY,

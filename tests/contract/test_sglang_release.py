@@ -25,7 +25,7 @@ import pytest
 
 from specdecode_tune import enginecache
 from specdecode_tune.backends import get_backend
-from specdecode_tune.backends.sglang import ARGCHECK
+from specdecode_tune.backends.sglang_python import ARGCHECK
 from specdecode_tune.config import load_experiment
 from specdecode_tune.space import BASELINE, invalid_reason, resolve
 from tests.contract.sglang_models import write_models

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune.backends import BACKENDS, get_backend, sglang
+from specdecode_tune.backends import (
+    BACKENDS,
+    get_backend,
+    sglang,
+    sglang_logs,
+    sglang_python,
+    sglang_releases,
+)
 from specdecode_tune.backends.llamacpp import spec_type
 from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
@@ -241,7 +248,7 @@ def test_sglang_version_from_the_config_then_the_installed_package_then_the_defa
         monkeypatch: pytest.MonkeyPatch) -> None:
     b = get_backend("sglang")
     monkeypatch.setattr(sglang, "installed_version", lambda: None)
-    assert b.engine_version(sglang_cfg())[0] == sglang.DEFAULT_VERSION == "0.5.10.post1"
+    assert b.engine_version(sglang_cfg())[0] == sglang_releases.DEFAULT_VERSION == "0.5.10.post1"
     monkeypatch.setattr(sglang, "installed_version", lambda: "0.5.14")
     assert b.engine_version(sglang_cfg()) == ("0.5.14", "the sglang installed here")
     assert b.engine_version(sglang_cfg(engine_version="0.5.12")) == (
@@ -294,7 +301,7 @@ def test_sglang_refuses_a_local_hybrid_models_speculation_with_radix_cache(
         b.validate(cfg)
     msg = str(e.value)
     assert "\n" not in msg and "SGLang 0.5.10.post1" in msg
-    assert sglang.radix_spec_refusal("Qwen3_5MoeForConditionalGeneration") in msg
+    assert sglang_releases.radix_spec_refusal("Qwen3_5MoeForConditionalGeneration") in msg
     assert "set disable_radix_cache = true in [backend.flags]" in msg
     # What makes it boot, or where it does not apply.
     b.validate(sglang_cfg(model_path=cfg.model_path, flags={"disable_radix_cache": True}))
@@ -309,11 +316,11 @@ def test_sglang_refuses_a_local_hybrid_models_speculation_with_radix_cache(
 
 def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:
     # The simulator is a separate program that imitates SGLang: it keeps its own copy.
-    assert RADIX_SPEC_REFUSED == sglang.RADIX_SPEC_REFUSED
+    assert RADIX_SPEC_REFUSED == sglang_releases.RADIX_SPEC_REFUSED
     arch = "Qwen3_5MoeForConditionalGeneration"
     with pytest.raises(StartupError) as e:
         normalize_params(load_profile("seed-qwen35-122b"), {"speculative_algorithm": "EAGLE3"})
-    assert e.value.message == "ValueError: " + sglang.radix_spec_refusal(arch)
+    assert e.value.message == "ValueError: " + sglang_releases.radix_spec_refusal(arch)
 
 
 @pytest.mark.parametrize(("info", "running"), [
@@ -380,7 +387,7 @@ def test_sglang_check_cannot_tell_without_sglang_and_boots() -> None:
     # This Python has no sglang (the project does not depend on it): the check says nothing,
     # so the boot decides; a backend.binary hides the Python behind it.
     backend = get_backend("sglang")
-    assert sglang.installed_version() is None
+    assert sglang_python.installed_version() is None
     cfg = flagged_cfg()
     assert backend.argcheck_python(cfg) is None
     assert backend.argcheck_python(flagged_cfg(binary="/opt/sglang-server")) is None
@@ -390,7 +397,8 @@ def test_sglang_check_cannot_tell_without_sglang_and_boots() -> None:
 def test_the_argcheck_answers_without_sglang(tmp_path: Path) -> None:
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, sglang.ARGCHECK], input='{"cases": [{"argv": []}]}',
+    out = subprocess.run([sys.executable, sglang_python.ARGCHECK],
+                         input='{"cases": [{"argv": []}]}',
                          capture_output=True, text=True, timeout=60, check=True)
     answer = json.loads(out.stdout.splitlines()[-1])
     assert answer["sglang"] is None and "cases" not in answer
@@ -406,7 +414,7 @@ def test_the_argcheck_leaves_its_folder_off_sys_path_before_it_imports_anything(
     when a module was named tokenize.py: `traceback` loads `tokenize` at import on Python 3.11).
     Held on the source, so on every Python."""
     import ast
-    tree = ast.parse(Path(sglang.ARGCHECK).read_text())
+    tree = ast.parse(Path(sglang_python.ARGCHECK).read_text())
     strip = next((i for i, node in enumerate(tree.body) if isinstance(node, ast.Assign)
                   and ast.unparse(node.targets[0]) == "sys.path[:]"), None)
     assert strip is not None, "no module-level `sys.path[:] = ...` in the argcheck"
@@ -445,14 +453,14 @@ def test_sglang_memory_facts_from_its_boot_log() -> None:
         "[2026-12-04 10:00:12 DP0 TP1] Capture draft cuda graph end. Time elapsed: 2.00 s. "
         "mem usage=1.00 GB. avail mem=8.00 GB.",
     ])
-    facts = sglang.memory_facts(log)
+    facts = sglang_logs.memory_facts(log)
     assert facts == {MEMORY_ROOM: 0.1, GRAPH_MEMORY: 0.05}      # TP1: 8 / 80, 4 / 80
     # The simulator's lines have no rank tag; a log without a capture says nothing.
-    assert sglang.memory_facts(
+    assert sglang_logs.memory_facts(
         "[t] INFO Load weight begin. avail mem=50.00 GB\n[t] INFO Capture cuda graph end. "
         "Time elapsed: 1.00 s. mem usage=1.00 GB. avail mem=5.00 GB.") == {
             MEMORY_ROOM: 0.1, GRAPH_MEMORY: 0.02}
-    assert sglang.memory_facts(log.splitlines()[0]) == {}
+    assert sglang_logs.memory_facts(log.splitlines()[0]) == {}
     for kind in ("vllm", "llamacpp"):
         assert get_backend(kind).memory_facts(log) == {}
 

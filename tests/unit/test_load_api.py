@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode_tune.backends.sglang import interpret_generate
+from specdecode_tune.backends.sglang_wire import interpret_generate
 from specdecode_tune.backends.streamformat import DETAIL_CHARS, Interpreter
 from specdecode_tune.backends.streamformat import MALFORMED as _MALFORMED
 from specdecode_tune.backends.streamformat import StreamError as _StreamError

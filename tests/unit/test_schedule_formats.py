@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 import specdecode_tune
-from specdecode_tune.backends import BACKENDS, ScheduleAsk, schedule_files, sglang, trtllm, vllm
+from specdecode_tune.backends import (
+    BACKENDS,
+    ScheduleAsk,
+    schedule_files,
+    sglang_schedule,
+    trtllm,
+    vllm,
+)
 from specdecode_tune.backends.schedule import NOTHING
 from specdecode_tune.config import BackendConfig
 from specdecode_tune.sim import adaptive
@@ -58,7 +65,7 @@ def trtllm_check(schedule: dict[int, int], max_draft_len: int) -> None:
 
 @pytest.mark.parametrize("slots", SLOTS)
 def test_sglang_reads_the_schedule_as_meant(slots: list[tuple[int, int]]) -> None:
-    content = sglang.adaptive_config(slots)
+    content = sglang_schedule.adaptive_config(slots)
     parsed = adaptive.parse_config(content)       # SGLang's loader (a copy), its errors
     assert all(len(c) == 1 for _, c in parsed)    # one candidate: the EMA never moves it
     # No CUDA-graph padding (batch sizes above the captured ones) routes by the keys alone.
@@ -95,7 +102,7 @@ def test_trtllm_cannot_express_a_schedule_that_drafts_more_above_batch_one() -> 
 
 def test_a_schedule_must_start_at_one() -> None:
     with pytest.raises(ValueError, match="starts at batch size 1"):
-        sglang.adaptive_config([(4, 3)])
+        sglang_schedule.adaptive_config([(4, 3)])
 
 
 def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
@@ -112,7 +119,7 @@ def test_each_level_keeps_the_batches_just_below_it_in_its_own_slot() -> None:
 
     slots, note = schedule_slots(chain((1, 12), (4, 8), (16, 5), (64, 4)), None)
     assert slots == [(1, 12), (2, 8), (8, 5), (32, 4)] and note == ""
-    conf = sglang.adaptive_config(slots)
+    conf = sglang_schedule.adaptive_config(slots)
     keys = sorted(int(k) for k in conf)
     for batch, steps in ((1, 12), (3, 8), (4, 8), (14, 5), (15, 5), (16, 5), (40, 4), (64, 4)):
         key = keys[bisect.bisect_right(keys, batch) - 1]      # SGLang: the largest key <= batch
@@ -188,7 +195,8 @@ def test_no_engine_is_named_outside_backends() -> None:
     """The layout drawn from the imports: only backends/ imports an engine's module; the
     report, the search and the trial reach the engines through the registry and the
     protocol."""
-    engines = {"sglang", "vllm", "llamacpp", "trtllm", "sim", "sglang_argcheck"}
+    engines = {"sglang", "vllm", "llamacpp", "trtllm", "sim", "sglang_argcheck", "sglang_logs",
+               "sglang_python", "sglang_releases", "sglang_schedule", "sglang_wire"}
     package = Path(specdecode_tune.__file__).parent
     found = []
     for path in sorted(package.rglob("*.py")):

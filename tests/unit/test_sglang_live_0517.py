@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from specdecode_tune.backends import get_backend, prometheus, sglang
+from specdecode_tune.backends import get_backend, prometheus, sglang, sglang_wire
 from specdecode_tune.load import Prompt, tally_level
 from specdecode_tune.load import RequestState as _Req
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
@@ -41,13 +41,13 @@ def last_sse_chunk() -> dict[str, Any]:
 
 
 def record_of(chunk: dict[str, Any]) -> Any:
-    has_text, tokens, kept = sglang.interpret_generate(chunk)
+    has_text, tokens, kept = sglang_wire.interpret_generate(chunk)
     assert has_text and tokens == chunk["meta_info"]["completion_tokens"]
     st = _Req(0, Prompt("p", None, 1, 100))
     st.start, st.end, st.counted, st.in_win, st.inexact, st.meta = \
         0.0, 1.0, tokens, tokens, False, kept
     [r], _ = tally_level([st], level=1, t0=0.0, w0=0.0, window_end=2.0,
-                         stream=sglang.STREAM_FORMAT)
+                         stream=sglang_wire.STREAM_FORMAT)
     return r
 
 
@@ -67,7 +67,7 @@ def test_the_final_chunk_of_a_live_server_is_read(source: str) -> None:
                      ("spec_num_proposed_drafts", "spec_proposed_drafts"),
                      ("spec_correct_drafts_histogram", "spec_accept_histogram")):
         assert meta[new] == meta[old]
-    assert [n[0] for n in sglang.spec_field_names("0.5.17")] == [
+    assert [n[0] for n in sglang_wire.spec_field_names("0.5.17")] == [
         "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram"]
 
 
@@ -86,14 +86,14 @@ def test_every_line_of_the_live_metrics_parses_and_the_spec_types_are_sglangs() 
 def test_the_window_acceptance_from_the_live_counters_matches_the_final_chunks() -> None:
     """The level of 8 s at C=16 (readings.json): acceptance 3.125 from its requests' final
     chunks; the counters' deltas around it give the same within 1%."""
-    before = sglang.spec_counters(prometheus.parse(text("metrics-before.txt")))
-    after = sglang.spec_counters(prometheus.parse(text("metrics-after.txt")))
+    before = sglang_wire.spec_counters(prometheus.parse(text("metrics-before.txt")))
+    after = sglang_wire.spec_counters(prometheus.parse(text("metrics-after.txt")))
     acc, hist = SGLANG.window_acceptance(before, after)
     chunks = readings()["healthy"]["level"]["accept_length"]
     assert acc is not None and acc == pytest.approx(chunks, rel=0.01)
     assert hist == ()
     # both counters are summed over their labels (generation_tokens_total has is_streaming)
-    assert after is not None and after[sglang.GENERATED] == 95203.0
+    assert after is not None and after[sglang_wire.GENERATED] == 95203.0
 
 
 def test_server_info_gives_the_pool_the_limit_and_the_release(monkeypatch) -> None:
@@ -115,7 +115,7 @@ def test_the_load_endpoints_count_requests_in_flight(monkeypatch) -> None:
     monkeypatch.setattr(sglang, "get_json", lambda url, *a, **k: bodies[url[len("u"):]])
     assert backend.in_flight("u") == 0
     polls = [json.loads(line) for line in text("get_load-drain.jsonl").splitlines()]
-    counts = [sglang._load_count(json.loads(p["body"]), ("num_reqs",)) for p in polls]
+    counts = [sglang_wire.load_count(json.loads(p["body"]), ("num_reqs",)) for p in polls]
     assert all(isinstance(c, int) for c in counts) and max(counts) == 16 and counts[-1] == 0
 
 

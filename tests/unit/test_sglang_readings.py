@@ -15,7 +15,7 @@ import traceback
 
 import pytest
 
-from specdecode_tune.backends import get_backend, sglang
+from specdecode_tune.backends import get_backend, sglang_logs, sglang_python, sglang_wire
 from specdecode_tune.load import Prompt, tally_level
 from specdecode_tune.load import RequestState as _Req
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
@@ -70,7 +70,7 @@ LOG_0517_TP2 = """\
 
 
 def test_the_0510_capture_lines_are_read() -> None:
-    assert sglang.memory_facts(LOG_0510) == {MEMORY_ROOM: round(17.16 / 78, 6),
+    assert sglang_logs.memory_facts(LOG_0510) == {MEMORY_ROOM: round(17.16 / 78, 6),
                                              GRAPH_MEMORY: round(2.4 / 78, 6)}
 
 
@@ -80,7 +80,7 @@ def test_the_0517_capture_lines_with_a_comma_are_read() -> None:
     prefill, decode and extend), their usage summed; the "Load weight end" and "Memory pool end"
     lines, which also carry "avail mem", are not captures."""
     one_rank = "\n".join(ln for ln in LOG_0517_TP2.splitlines() if " TP1]" not in ln)
-    assert sglang.memory_facts(one_rank) == {MEMORY_ROOM: round(18.4 / 78, 6),
+    assert sglang_logs.memory_facts(one_rank) == {MEMORY_ROOM: round(18.4 / 78, 6),
                                              GRAPH_MEMORY: round(2.0 / 78, 6)}
 
 
@@ -88,7 +88,7 @@ def test_a_rank_without_the_drafts_capture_lines_is_given_tp0s() -> None:
     """From 0.5.12 the draft worker logs its decode and extend captures on TP0 only: TP1's log
     stops at 17.90 GB after its draft prefill. Its missing captures are taken as TP0's (0.5 GB),
     so TP1, with less room, is the rank read: (17.90 - 0.5) / 78, graphs 2.0 / 78."""
-    assert sglang.memory_facts(LOG_0517_TP2) == {MEMORY_ROOM: round(17.4 / 78, 6),
+    assert sglang_logs.memory_facts(LOG_0517_TP2) == {MEMORY_ROOM: round(17.4 / 78, 6),
                                                  GRAPH_MEMORY: round(2.0 / 78, 6)}
 
 
@@ -104,7 +104,7 @@ def test_a_rank_without_the_drafts_capture_lines_is_given_tp0s() -> None:
 ])
 def test_every_capture_kind_is_read(line: str) -> None:
     log = f"[t TP0] Load weight begin. avail mem=50.00 GB\n[t TP0] {line}"
-    assert sglang.memory_facts(log) == {MEMORY_ROOM: 0.2, GRAPH_MEMORY: round(0.12 / 50, 6)}
+    assert sglang_logs.memory_facts(log) == {MEMORY_ROOM: 0.2, GRAPH_MEMORY: round(0.12 / 50, 6)}
 
 
 def test_lines_that_are_no_capture_end_say_nothing() -> None:
@@ -121,7 +121,7 @@ def test_lines_that_are_no_capture_end_say_nothing() -> None:
         "KV size: 1.00 GB, avail mem=3.00 GB",
         "[t TP0] Capturing batches (bs=8 avail_mem=12.00 GB)",
     ])
-    assert sglang.memory_facts(log) == {}
+    assert sglang_logs.memory_facts(log) == {}
 
 
 # --------------------------------------------------------------------------- start-up refusals
@@ -231,7 +231,7 @@ def test_the_argcheck_counts_arg_groups_as_sglangs_checks(path: str, verdict: bo
     """0.5.13 moved the speculative checks to arg_groups/speculative_hook.py: a refusal raised
     there is SGLang's verdict on the command line, as one raised in server_args.py."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_argcheck_under_test", sglang.ARGCHECK)
+    spec = importlib.util.spec_from_file_location("_argcheck_under_test", sglang_python.ARGCHECK)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     saved = list(sys.path)
@@ -265,12 +265,12 @@ def read_final_chunk(meta: dict) -> None:
     """The backend reads 3 verify steps, 5 of 9 drafts and histogram [0, 1, 2] from a final
     /generate chunk with this meta_info, through the load generator's records."""
     chunk = {"text": "w " * 9, "output_ids": list(range(9)), "meta_info": meta}
-    has_text, tokens, kept = sglang.interpret_generate(json.loads(json.dumps(chunk)))
+    has_text, tokens, kept = sglang_wire.interpret_generate(json.loads(json.dumps(chunk)))
     assert has_text and tokens == 9
     st = _Req(0, Prompt("p", None, 1, 100))
     st.start, st.end, st.counted, st.in_win, st.inexact, st.meta = 0.0, 1.0, 9, 9, False, kept
     [r], _ = tally_level([st], level=1, t0=0.0, w0=0.0, window_end=2.0,
-                         stream=sglang.STREAM_FORMAT)
+                         stream=sglang_wire.STREAM_FORMAT)
     assert (r.verify_ct, r.accepted_tokens, r.draft_tokens) == (3, 5, 9)
     assert r.accept_histogram == (0, 1, 2)
 
@@ -290,9 +290,9 @@ def test_the_final_chunks_spec_fields_of_each_release_are_read(meta: dict) -> No
 ])
 def test_each_release_writes_its_names(version: str, accepted: str, proposed: str,
                                        histogram: str) -> None:
-    names = sglang.spec_field_names(version)
+    names = sglang_wire.spec_field_names(version)
     assert (names[0][0], names[1][0], names[2][0]) == (accepted, proposed, histogram)
     # the load generator's format takes every release's, the newest first
-    for mine, every in zip(names, (sglang.STREAM_FORMAT.accepted, sglang.STREAM_FORMAT.drafted,
-                                   sglang.STREAM_FORMAT.histogram)):
+    stream = sglang_wire.STREAM_FORMAT
+    for mine, every in zip(names, (stream.accepted, stream.drafted, stream.histogram)):
         assert set(mine) <= set(every)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode_tune.backends.sglang import DEFAULT_VERSION
+from specdecode_tune.backends.sglang_releases import DEFAULT_VERSION
 from specdecode_tune.sim import adaptive
 from specdecode_tune.sim.__main__ import check_args
 from specdecode_tune.sim.arguments import EMULATED_VERSION, StartupError

@@ -11,7 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdecode_tune.backends import get_backend, prometheus, sglang
+from specdecode_tune.backends import (
+    get_backend,
+    prometheus,
+    sglang_logs,
+    sglang_releases,
+    sglang_wire,
+)
 from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.server.failures import classify_failure
 from specdecode_tune.sim import metrics as sim_metrics
@@ -27,11 +33,11 @@ SGLANG = get_backend("sglang")
 
 
 def test_the_simulator_copies_the_backends_release_formats() -> None:
-    assert releases.SPEC_FIELD_NAMES == sglang.SPEC_FIELD_NAMES
-    assert releases.CAPTURE_COMMA_SINCE == sglang.CAPTURE_COMMA_SINCE
-    assert EMULATED_VERSION == sglang.DEFAULT_VERSION
+    assert releases.SPEC_FIELD_NAMES == sglang_wire.SPEC_FIELD_NAMES
+    assert releases.CAPTURE_COMMA_SINCE == sglang_logs.CAPTURE_COMMA_SINCE
+    assert EMULATED_VERSION == sglang_releases.DEFAULT_VERSION
     for version in ("0.5.10.post1", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.17"):
-        assert releases.spec_field_names(version) == sglang.spec_field_names(version)
+        assert releases.spec_field_names(version) == sglang_wire.spec_field_names(version)
 
 
 @pytest.mark.parametrize("version", ["0.5.10.post1", "0.5.13", "0.5.14", "0.5.17"])
@@ -39,7 +45,7 @@ def test_the_simulators_capture_line_is_read_for_each_release(version: str) -> N
     line = releases.capture_end_line(version, True, 1.5, 2.0, 16.0)
     assert (", avail mem=" in line) == (version in ("0.5.14", "0.5.17"))
     log = f"[t] INFO Load weight begin. avail mem=80.00 GB\n[t] INFO {line}"
-    assert sglang.memory_facts(log) == {MEMORY_ROOM: 0.2, GRAPH_MEMORY: 0.025}
+    assert sglang_logs.memory_facts(log) == {MEMORY_ROOM: 0.2, GRAPH_MEMORY: 0.025}
 
 
 def test_the_simulators_no_budget_refusal_from_0514_is_sglangs_kv_shortage() -> None:
