@@ -42,7 +42,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from specdecode_tune.sim import releases
 from specdecode_tune.sim.adaptive import Schedule
@@ -114,14 +114,83 @@ class Facts:
         return self.accept_sampled if temperature > 0 else self.accept_greedy
 
 
+class _Shape(NamedTuple):
+    """What the buffers and the draft tree are sized for."""
 
+    speculative: bool
+    draft_model: bool   # draft passes and a draft model's memory (not NGRAM)
+    steps: int          # tree depth
+    topk: int
+    n: int              # tokens verified per request per step
+
+
+class _Pool(NamedTuple):
+    """The static pool, per GPU: the weights, the in-pool buffers, and the KV pool left."""
+
+    weights: float
+    reserved: float
+    kv_bytes: float
+    kv_tokens: int
 
 
 def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
-    """The server's facts after start-up, or StartupError as SGLang would fail."""
+    """The server's facts after start-up, or StartupError as SGLang would fail.
+
+    The steps in the order a boot meets them: SGLang's argument rules, the KV pool left
+    after the weights (`_kv_pool`), the headroom the CUDA graph capture needs
+    (`_capture_headroom`), the draft tree's capture (`_check_draft_pool`); then the running
+    limit and the tree's acceptance."""
     args, warnings = normalize_params(profile, params)
     sched: Schedule | None = args.pop("adaptive_schedule", None)
-    m, hw = profile.memory, profile.hardware
+    shape = _shape(args, sched)
+    version = str(args.get("sglang_version") or EMULATED_VERSION)
+    pool = _kv_pool(profile, args, shape, version)
+    headroom, need = _capture_headroom(profile, args, shape.n, sched)
+    m = profile.memory
+    # The fixed part is allocated before the capture (workspaces, activations); of the graphs'
+    # part the capture keeps all but its warm-up passes' share (freed before SGLang reads the
+    # free memory: the logged room overstates the real one by that much).
+    graph_kept = (1 - m.capture_transient_share) * (need - m.headroom_fixed_bytes)
+    _check_draft_pool(shape, version)
+    mem_limit = pool.kv_tokens // m.request_reserve_tokens
+    flag = args["max_running_requests"]
+    running_limit = min(mem_limit, flag) if flag else mem_limit
+    hit, nodes = profile.acceptance.sibling_hit, shape.n - 1
+    greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, shape.steps, shape.topk, nodes)
+    sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, shape.steps, shape.topk, nodes)
+    return Facts(
+        params=args,
+        warnings=warnings,
+        speculative=shape.speculative,
+        draft_model=shape.draft_model,
+        num_steps=shape.steps,
+        topk=shape.topk,
+        draft_tokens=shape.n,
+        tree_widths=widths,
+        accept_greedy=greedy,
+        accept_sampled=sampled,
+        tp_size=args["tp_size"],
+        cuda_graph_max_bs=args["cuda_graph_max_bs"],
+        mem_fraction_static=args["mem_fraction_static"],
+        max_total_num_tokens=pool.kv_tokens,
+        memory_running_limit=mem_limit,
+        max_running_requests=running_limit,
+        max_req_input_len=min(m.context_length - 1, pool.kv_tokens - 1),
+        weight_bytes=int(pool.weights),
+        kv_bytes=int(pool.kv_bytes),
+        reserved_bytes=int(pool.reserved),
+        headroom_bytes=int(headroom),
+        headroom_need_bytes=int(need),
+        gpu_bytes=int(profile.hardware.gpu_memory_bytes),
+        graph_kept_bytes=int(graph_kept),
+        free_after_capture_bytes=int(headroom - m.headroom_fixed_bytes - graph_kept),
+        adaptive=sched,
+    )
+
+
+def _shape(args: Mapping[str, Any], sched: Schedule | None) -> _Shape:
+    """The speculative shape of normalized args; under an adaptive schedule the deepest
+    candidate's."""
     spec = args["speculative_algorithm"] is not None
     ngram = args["speculative_algorithm"] == "NGRAM"
     draft_model = spec and not ngram     # NGRAM loads no draft model and runs no draft passes
@@ -131,15 +200,20 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
     steps = n - 1 if ngram else args["speculative_num_steps"] or 0
     if sched is not None:     # the deepest candidate: the acceptance tables and histogram
         steps, n = sched.max_steps, sched.max_steps + 1
-    tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
+    return _Shape(spec, draft_model, steps, topk, n)
 
-    gpu = hw.gpu_memory_bytes
+
+def _kv_pool(profile: Profile, args: Mapping[str, Any], shape: _Shape, version: str) -> _Pool:
+    """The static pool's parts per GPU; StartupError ("kv_memory") where the KV pool cannot
+    hold one request, in the words of SGLang `version`."""
+    m, gpu = profile.memory, profile.hardware.gpu_memory_bytes
+    tp, gbs, frac = args["tp_size"], args["cuda_graph_max_bs"], args["mem_fraction_static"]
+    draft_model, n = shape.draft_model, shape.n
     weights = (m.target_weight_bytes + (m.draft_weight_bytes if draft_model else 0)) / tp
     cell = (m.kv_bytes_per_token + (m.draft_kv_bytes_per_token if draft_model else 0)) / tp
     reserved = m.pool_fixed_bytes + m.pool_bytes_per_graph_token * gbs * n
     kv_bytes = frac * gpu - weights - reserved
     kv_tokens = int(kv_bytes // cell) if kv_bytes > 0 else 0
-    version = str(args.get("sglang_version") or EMULATED_VERSION)
     if kv_tokens < m.request_reserve_tokens:
         # SGLang: RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
         # where the pool holds no token; from 0.5.14 a budget that is not positive (the weights
@@ -154,6 +228,15 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             f"{kv_bytes / GiB:.2f} GiB = {kv_tokens} tokens, one request needs "
             f"{m.request_reserve_tokens})",
         )
+    return _Pool(weights, reserved, kv_bytes, kv_tokens)
+
+
+def _capture_headroom(profile: Profile, args: Mapping[str, Any], n: int,
+                      sched: Schedule | None) -> tuple[float, float]:
+    """(the memory outside the static pool, what the CUDA graph capture needs of it) per GPU;
+    StartupError ("oom") where the capture would run out, as PyTorch says it."""
+    m, gpu = profile.memory, profile.hardware.gpu_memory_bytes
+    gbs, frac = args["cuda_graph_max_bs"], args["mem_fraction_static"]
     headroom = (1 - frac) * gpu
     if sched is None:
         need = m.headroom_fixed_bytes + m.headroom_bytes_per_graph_token * gbs * n
@@ -175,12 +258,13 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             "2. set --cuda-graph-max-bs to a smaller value 3. use fewer draft tokens "
             "4. set --max-running-requests lower",
         )
-    # The fixed part is allocated before the capture (workspaces, activations); of the graphs'
-    # part the capture keeps all but its warm-up passes' share (freed before SGLang reads the
-    # free memory: the logged room overstates the real one by that much).
-    graph_kept = (1 - m.capture_transient_share) * (need - m.headroom_fixed_bytes)
-    pool = draft_candidates(steps, topk)
-    if draft_model and n - 1 > pool:
+    return headroom, need
+
+
+def _check_draft_pool(shape: _Shape, version: str) -> None:
+    """StartupError ("crashed") where the draft tree keeps more nodes than SGLang scores."""
+    pool = draft_candidates(shape.steps, shape.topk)
+    if shape.draft_model and shape.n - 1 > pool:
         # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
         # runs draft_forward, whose organize_draft_results does torch.topk(scores, n - 1) over
         # a pool of `pool` candidates (eagle_draft_cuda_graph_runner.py wraps the error).
@@ -189,40 +273,6 @@ def startup(profile: Profile, params: Mapping[str, Any]) -> Facts:
             "Exception: Capture cuda graph failed: selected index k out of range\n"
             + releases.capture_failed_hint(version),
         )
-    mem_limit = kv_tokens // m.request_reserve_tokens
-    flag = args["max_running_requests"]
-    running_limit = min(mem_limit, flag) if flag else mem_limit
-    hit = profile.acceptance.sibling_hit
-    greedy, widths = tree_acceptance(profile.acceptance.greedy, hit, steps, topk, n - 1)
-    sampled, _ = tree_acceptance(profile.acceptance.sampled, hit, steps, topk, n - 1)
-    return Facts(
-        params=args,
-        warnings=warnings,
-        speculative=spec,
-        draft_model=draft_model,
-        num_steps=steps,
-        topk=topk,
-        draft_tokens=n,
-        tree_widths=widths,
-        accept_greedy=greedy,
-        accept_sampled=sampled,
-        tp_size=tp,
-        cuda_graph_max_bs=gbs,
-        mem_fraction_static=frac,
-        max_total_num_tokens=kv_tokens,
-        memory_running_limit=mem_limit,
-        max_running_requests=running_limit,
-        max_req_input_len=min(m.context_length - 1, kv_tokens - 1),
-        weight_bytes=int(weights),
-        kv_bytes=int(kv_bytes),
-        reserved_bytes=int(reserved),
-        headroom_bytes=int(headroom),
-        headroom_need_bytes=int(need),
-        gpu_bytes=int(gpu),
-        graph_kept_bytes=int(graph_kept),
-        free_after_capture_bytes=int(headroom - m.headroom_fixed_bytes - graph_kept),
-        adaptive=sched,
-    )
 
 
 # --------------------------------------------------------------------------- the draft tree
