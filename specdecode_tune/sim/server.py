@@ -10,14 +10,14 @@ paths or methods, 503 while starting.
 With an API key (`--api-key` / `--api-key-env`), every path but `/health*` and `/metrics` needs
 `Authorization: Bearer <key>`, as SGLang's API-key middleware does. The key is never logged and
 never reported by `/server_info`. Injected faults (`faults.py`) hook into boot, request arrival
-and the streaming loop; without faults the hooks do nothing.
+and the streaming loop; without faults the hooks do nothing. The generation loop behind
+`/generate` and the OpenAI endpoints, and the JSON error body, are `responses.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import os
 import random
@@ -31,7 +31,6 @@ from aiohttp.typedefs import Middleware
 from specdecode_tune import __version__
 from specdecode_tune.sim import metrics, releases
 from specdecode_tune.sim.api import (
-    BadRequest,
     GenParams,
     OpenAIFormat,
     SglangFormat,
@@ -42,20 +41,11 @@ from specdecode_tune.sim.arguments import EMULATED_VERSION, StartupError
 from specdecode_tune.sim.boot import Facts, GiB, startup
 from specdecode_tune.sim.faults import FaultInjector
 from specdecode_tune.sim.profile import Profile
-from specdecode_tune.sim.scheduler import RequestRejected, Scheduler, boot_speed_factor
+from specdecode_tune.sim.responses import json_error, serve
+from specdecode_tune.sim.scheduler import Scheduler, boot_speed_factor
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger("specdecode_tune.sim")
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
-            503: "ServiceUnavailable"}
-    body = {"object": "error", "message": message,
-            "type": kind.get(status, "InternalServerError"), "code": status}
-    # OpenAI clients read the top-level fields, SGLang-native ones read {"error": {...}}.
-    return web.json_response({"error": body, **body}, status=status)
 
 
 class SimServer:
@@ -193,11 +183,11 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     try:
         return await handler(request)
     except web.HTTPServiceUnavailable:
-        return _error(503, "The server is starting up")
+        return json_error(503, "The server is starting up")
     except web.HTTPNotFound:
-        return _error(404, f"Not Found: {request.path}")
+        return json_error(404, f"Not Found: {request.path}")
     except web.HTTPMethodNotAllowed:
-        return _error(405, f"Method Not Allowed: {request.method} {request.path}")
+        return json_error(405, f"Method Not Allowed: {request.method} {request.path}")
 
 
 class Routes:
@@ -220,7 +210,7 @@ class Routes:
         (20 s) before a 503. So a probe of a live server takes >= 1 s, as there
         (docs/engines-sglang.md section 8)."""
         if not self.sim.ready or self.sim.scheduler is None:
-            return _error(503, "The server is starting up")
+            return json_error(503, "The server is starting up")
         if request.path == "/health" and os.environ.get(
                 "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() in (
                 "0", "false", "no", "off"):
@@ -239,7 +229,7 @@ class Routes:
                 if (req.finished if req is not None
                         else sched.counters.generation_tokens != seen or not sched.running):
                     return web.Response(text="")
-            return _error(503, "health check timed out")
+            return json_error(503, "health check timed out")
         finally:
             if req is not None:
                 sched.abort(req)
@@ -331,76 +321,10 @@ class Routes:
         make_format: Callable[[Any, GenParams], SglangFormat | OpenAIFormat],
         refusal_in_stream: bool = False,
     ) -> web.StreamResponse:
-        """The one generation loop: submit, then a chunk per scheduler iteration (or one body).
-
-        A request the engine refuses (too long for the context or the KV pool) is a 400, except
-        on a streamed `/generate` (`refusal_in_stream`): SGLang validates there inside the
-        stream it has already answered with 200, so the refusal is one `{"error": {"message"}}`
-        event and `[DONE]`. Its OpenAI endpoints validate before answering: a 400."""
-        sched = self._scheduler()
-        faults = self.sim.faults
-        faults.on_request()
-        await faults.wait_if_hung()
-        try:
-            params = parse(await request.json())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return _error(400, f"malformed JSON body: {e}")
-        except BadRequest as e:
-            return _error(400, str(e))
-        try:
-            req = sched.submit(params.input_len, params.max_new_tokens, params.temperature,
-                               params.ignore_eos, params.kind)
-        except RequestRejected as e:
-            if refusal_in_stream and params.stream:
-                refused = web.StreamResponse(headers=SSE_HEADERS)
-                await refused.prepare(request)
-                event = json.dumps({"error": {"message": str(e)}}, separators=(",", ":"))
-                await refused.write(b"data: " + event.encode() + b"\n\ndata: [DONE]\n\n")
-                return refused
-            return _error(400, str(e))
-        fmt = make_format(req, params)
-        resp: web.StreamResponse | None = None
-        drop_at = faults.drop_point(params.max_new_tokens) if params.stream else None
-        try:
-            if not params.stream:
-                ids: list[int] = []
-                done = False
-                while not done:
-                    new, done = await req.queue.get()
-                    ids += new
-                if req.aborted:
-                    return _error(503, "The server is shutting down")
-                faults.on_request_done()
-                return web.json_response(fmt.full(ids))
-            resp = web.StreamResponse(headers=SSE_HEADERS)
-            await resp.prepare(request)
-            done = False
-            while not done:
-                new, done = await req.queue.get()
-                await faults.wait_if_hung()
-                if req.aborted:
-                    break
-                payload = b"".join(
-                    b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-                    for chunk in fmt.chunks(new, done)
-                )
-                payload, malformed = faults.maybe_malformed(payload)
-                await resp.write(payload + (b"data: [DONE]\n\n" if done else b""))
-                if malformed:
-                    faults.note("malformed-sse", f"request {req.rid}: a malformed event")
-                if drop_at is not None and not done and req.generated >= drop_at:
-                    faults.note("drop-midway", f"request {req.rid}: connection dropped "
-                                                f"after {req.generated} tokens")
-                    if request.transport is not None:
-                        request.transport.close()
-                    raise ConnectionResetError("fault drop-midway")
-            faults.on_request_done()
-            return resp
-        except ConnectionError:
-            # The client went away mid-stream (the load generator cancels at window end).
-            return resp if resp is not None else web.Response(status=499)
-        finally:
-            sched.abort(req)    # no-op once finished; frees the slot and KV otherwise
+        """The one generation loop (`responses.serve`) over this boot's scheduler (503 while
+        starting) and faults."""
+        return await serve(request, self._scheduler(), self.sim.faults, parse, make_format,
+                           refusal_in_stream)
 
 
 def make_app(sim: SimServer) -> web.Application:
