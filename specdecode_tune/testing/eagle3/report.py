@@ -67,115 +67,163 @@ def simulate(target: Any, head: Eagle3Head, prompts: Sequence[Sequence[int]], p:
     """Speculative decoding of `prompts` (token ids, `<s>` first) with `p.draft_steps`
     drafts a step; mode "greedy", "target_only" or "rejection". Returns the figures and the
     generated token ids of each prompt (`texts`)."""
-    k_steps = p.draft_steps
-    gen = torch.Generator(device=device).manual_seed(seed)
+    run = _Decoding(prompts, p, mode, temperature, seed, device)
     cap = Capture(target, p.capture_layers)
-    b = len(prompts)
-    plen = torch.tensor([len(x) for x in prompts], device=device)
-    width = int(plen.max()) + p.eval_new_tokens + 2 * k_steps + 2
-    buf = torch.zeros(b, width, dtype=torch.long, device=device)
-    for i, x in enumerate(prompts):
-        buf[i, : len(x)] = torch.tensor(list(x), device=device)
-    reached = torch.zeros(k_steps, dtype=torch.long, device=device)
-    accepted = torch.zeros(k_steps, dtype=torch.long, device=device)
-    iters = torch.zeros(b, dtype=torch.long, device=device)
-    emitted = torch.zeros(b, dtype=torch.long, device=device)
-    ar = torch.arange(b, device=device)
-
-    def target_probs(logits: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(logits.float() / max(temperature, 1e-6), dim=-1)
-
-    def sample_p(probs: torch.Tensor) -> torch.Tensor:
-        if mode == "greedy":
-            return probs.argmax(-1)
-        return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-
     try:
-        # prefill: the target's first token is the first bonus token
-        n = int(plen.max())
-        logits = target(input_ids=buf[:, :n], use_cache=False).logits
-        aux = cap.aux()
-        last = logits[ar, plen - 1]
-        buf[ar, plen] = sample_p(target_probs(last))
-        lens = plen + 1
-        done = buf[ar, plen] == EOS_ID
-        while not bool(done.all()):
-            n = int(lens.max())
-            # draft extend over every accepted position, then the chain from row lens-2
-            kv = KV()
-            pos = torch.arange(n - 1, device=device)[None].expand(b, n - 1)
-            hid, lg = head.step(buf[:, 1:n], aux[:, : n - 1], pos, kv)
-            row = (lens - 2)[:, None]
-            hid = hid[ar, lens - 2][:, None]
-            tok, q = _pick(lg[ar, lens - 2], mode, temperature, gen)
-            drafts, qs = [tok], [q]
-            for s in range(1, k_steps):
-                hid, lg = head.step(drafts[-1][:, None], hid, row + s, kv, row)
-                tok, q = _pick(lg[:, 0], mode, temperature, gen)
-                drafts.append(tok)
-                qs.append(q)
-            d = torch.stack(drafts, 1)                                  # [B, K]
-            cols = lens[:, None] + torch.arange(k_steps, device=device)[None]
-            buf.scatter_(1, cols, d)
-            # verify: the target's distributions at lens-1 .. lens-1+K
-            logits = target(input_ids=buf[:, : n + k_steps], use_cache=False).logits
-            aux = cap.aux()
-            at = (lens - 1)[:, None] + torch.arange(k_steps + 1, device=device)[None]
-            probs = target_probs(logits[ar[:, None], at])               # [B, K+1, V]
-            ok = torch.ones(b, dtype=torch.bool, device=device)
-            n_acc = torch.zeros(b, dtype=torch.long, device=device)
-            bonus = torch.zeros(b, dtype=torch.long, device=device)
-            live = ~done
-            # no host syncs in here: every row draws its would-be replacement token at every
-            # position, and the first rejection's is kept
-            for s in range(k_steps):
-                ps = probs[:, s]
-                pd = ps.gather(1, d[:, s: s + 1]).squeeze(1)
-                if mode == "greedy":
-                    acc = d[:, s] == ps.argmax(-1)
-                    resid = ps
-                elif mode == "target_only":
-                    acc = torch.rand(b, device=device, generator=gen) < pd
-                    resid = ps.scatter(1, d[:, s: s + 1], 0.0)
-                else:
-                    qs_s = qs[s]
-                    assert qs_s is not None
-                    qd = qs_s.gather(1, d[:, s: s + 1]).squeeze(1)
-                    acc = torch.rand(b, device=device, generator=gen) < (pd / qd).clamp(max=1.0)
-                    resid = (ps - qs_s).clamp(min=0.0)
-                reached[s] += (ok & live).sum()
-                accepted[s] += (ok & acc & live).sum()
-                resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, ps)
-                replace = sample_p(resid / resid.sum(-1, keepdim=True))
-                bonus = torch.where(ok & ~acc, replace, bonus)
-                n_acc += (ok & acc).long()
-                ok = ok & acc
-            bonus = torch.where(ok, sample_p(probs[:, k_steps]), bonus)
-            # emit: accepted drafts are in place; the bonus goes after them
-            buf[ar, lens + n_acc] = bonus
-            clear = lens[:, None] + n_acc[:, None] + 1 + torch.arange(k_steps, device=device)
-            buf.scatter_(1, clear.clamp(max=width - 1), 0)
-            new = torch.stack([buf[ar, lens + j] for j in range(k_steps + 1)], 1)
-            took = torch.arange(k_steps + 1, device=device)[None] <= n_acc[:, None]
-            hit_eos = ((new == EOS_ID) & took).any(1)
-            iters += live.long()
-            emitted += (n_acc + 1) * live.long()
-            lens = torch.where(live, lens + n_acc + 1, lens)
-            done = done | hit_eos | (lens - plen >= p.eval_new_tokens)
+        aux = run.prefill(target, cap)
+        while not bool(run.done.all()):
+            drafts, qs = run.draft(head, aux)
+            probs, aux = run.verify(target, cap)
+            n_acc, bonus = run.accept(probs, drafts, qs)
+            run.emit(n_acc, bonus)
     finally:
         cap.remove()
-    per_prompt = (emitted.float() / iters.clamp(min=1).float()).cpu()
-    return {
-        "mode": mode,
-        "temperature": temperature if mode != "greedy" else 0.0,
-        "per_position": _rates(accepted.cpu(), reached.cpu()),
-        "reached": reached.tolist(),
-        "accepted": accepted.tolist(),
-        "iterations": int(iters.sum()),
-        "mean_accept_length": round(float(emitted.sum()) / max(1, int(iters.sum())), 4),
-        "per_prompt_accept_length": summary(per_prompt[iters.cpu() > 0].tolist()),
-        "texts": [buf[i, int(plen[i]): int(lens[i])].tolist() for i in range(b)],
-    }
+    return run.figures()
+
+
+class _Decoding:
+    """One batch of prompts decoded speculatively (`simulate`): the token buffer (prompt,
+    accepted tokens, then the drafts under verification), each row's length, and the counters
+    of drafts reached and accepted per position."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], p: Preset, mode: str,
+                 temperature: float, seed: int, device: torch.device) -> None:
+        self.p, self.mode, self.temperature, self.device = p, mode, temperature, device
+        self.k = k = p.draft_steps
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.b = b = len(prompts)
+        self.plen = torch.tensor([len(x) for x in prompts], device=device)
+        self.width = int(self.plen.max()) + p.eval_new_tokens + 2 * k + 2
+        self.buf = torch.zeros(b, self.width, dtype=torch.long, device=device)
+        for i, x in enumerate(prompts):
+            self.buf[i, : len(x)] = torch.tensor(list(x), device=device)
+        self.reached = torch.zeros(k, dtype=torch.long, device=device)
+        self.accepted = torch.zeros(k, dtype=torch.long, device=device)
+        self.iters = torch.zeros(b, dtype=torch.long, device=device)
+        self.emitted = torch.zeros(b, dtype=torch.long, device=device)
+        self.ar = torch.arange(b, device=device)
+        self.lens = self.plen
+        self.done = torch.zeros(b, dtype=torch.bool, device=device)
+
+    def target_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.float() / max(self.temperature, 1e-6), dim=-1)
+
+    def sample_p(self, probs: torch.Tensor) -> torch.Tensor:
+        if self.mode == "greedy":
+            return probs.argmax(-1)
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
+
+    def prefill(self, target: Any, cap: Capture) -> torch.Tensor:
+        """The prompts through the target: its first token is the first bonus token. Returns
+        the captured hidden states (the head's input)."""
+        ar, plen = self.ar, self.plen
+        logits = target(input_ids=self.buf[:, :int(plen.max())], use_cache=False).logits
+        aux = cap.aux()
+        self.buf[ar, plen] = self.sample_p(self.target_probs(logits[ar, plen - 1]))
+        self.lens = plen + 1
+        self.done = self.buf[ar, plen] == EOS_ID
+        return aux
+
+    def draft(self, head: Eagle3Head, aux: torch.Tensor
+              ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The draft extend over every accepted position, then the head's chain from row
+        lens-2; the drafts [B, K] are written after each row's tokens. Returns them and their
+        draft distributions (None where the draft is the head's top-1)."""
+        ar, lens, k = self.ar, self.lens, self.k
+        n = int(lens.max())
+        kv = KV()
+        pos = torch.arange(n - 1, device=self.device)[None].expand(self.b, n - 1)
+        hid, lg = head.step(self.buf[:, 1:n], aux[:, : n - 1], pos, kv)
+        row = (lens - 2)[:, None]
+        hid = hid[ar, lens - 2][:, None]
+        tok, q = _pick(lg[ar, lens - 2], self.mode, self.temperature, self.gen)
+        drafts, qs = [tok], [q]
+        for s in range(1, k):
+            hid, lg = head.step(drafts[-1][:, None], hid, row + s, kv, row)
+            tok, q = _pick(lg[:, 0], self.mode, self.temperature, self.gen)
+            drafts.append(tok)
+            qs.append(q)
+        d = torch.stack(drafts, 1)                                  # [B, K]
+        self.buf.scatter_(1, lens[:, None] + torch.arange(k, device=self.device)[None], d)
+        return d, qs
+
+    def verify(self, target: Any, cap: Capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distributions at lens-1 .. lens-1+K [B, K+1, V], and the captured
+        hidden states of the forward."""
+        lens, k = self.lens, self.k
+        logits = target(input_ids=self.buf[:, : int(lens.max()) + k], use_cache=False).logits
+        aux = cap.aux()
+        at = (lens - 1)[:, None] + torch.arange(k + 1, device=self.device)[None]
+        return self.target_probs(logits[self.ar[:, None], at]), aux
+
+    def accept(self, probs: torch.Tensor, d: torch.Tensor, qs: Sequence[torch.Tensor | None]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted drafts per row, the token after them): the replacement drawn at the first
+        rejection, else the target's own next token. No host syncs in here: every row draws
+        its would-be replacement token at every position, and the first rejection's is kept."""
+        b, device = self.b, self.device
+        ok = torch.ones(b, dtype=torch.bool, device=device)
+        n_acc = torch.zeros(b, dtype=torch.long, device=device)
+        bonus = torch.zeros(b, dtype=torch.long, device=device)
+        live = ~self.done
+        for s in range(self.k):
+            ps = probs[:, s]
+            acc, resid = _accepts(self.mode, ps, d[:, s: s + 1], qs[s], self.gen)
+            self.reached[s] += (ok & live).sum()
+            self.accepted[s] += (ok & acc & live).sum()
+            resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, ps)
+            replace = self.sample_p(resid / resid.sum(-1, keepdim=True))
+            bonus = torch.where(ok & ~acc, replace, bonus)
+            n_acc += (ok & acc).long()
+            ok = ok & acc
+        return n_acc, torch.where(ok, self.sample_p(probs[:, self.k]), bonus)
+
+    def emit(self, n_acc: torch.Tensor, bonus: torch.Tensor) -> None:
+        """The accepted drafts are in place: the bonus goes after them, the rejected drafts
+        are cleared, and a row ends at EOS or after `eval_new_tokens`."""
+        ar, lens, k, live = self.ar, self.lens, self.k, ~self.done
+        steps = torch.arange(k + 1, device=self.device)
+        self.buf[ar, lens + n_acc] = bonus
+        clear = lens[:, None] + n_acc[:, None] + 1 + steps[None, :k]
+        self.buf.scatter_(1, clear.clamp(max=self.width - 1), 0)
+        new = torch.stack([self.buf[ar, lens + j] for j in range(k + 1)], 1)
+        hit_eos = ((new == EOS_ID) & (steps[None] <= n_acc[:, None])).any(1)
+        self.iters += live.long()
+        self.emitted += (n_acc + 1) * live.long()
+        self.lens = torch.where(live, lens + n_acc + 1, lens)
+        self.done = self.done | hit_eos | (self.lens - self.plen >= self.p.eval_new_tokens)
+
+    def figures(self) -> dict[str, Any]:
+        iters, emitted = self.iters, self.emitted
+        per_prompt = (emitted.float() / iters.clamp(min=1).float()).cpu()
+        return {
+            "mode": self.mode,
+            "temperature": self.temperature if self.mode != "greedy" else 0.0,
+            "per_position": _rates(self.accepted.cpu(), self.reached.cpu()),
+            "reached": self.reached.tolist(),
+            "accepted": self.accepted.tolist(),
+            "iterations": int(iters.sum()),
+            "mean_accept_length": round(float(emitted.sum()) / max(1, int(iters.sum())), 4),
+            "per_prompt_accept_length": summary(per_prompt[iters.cpu() > 0].tolist()),
+            "texts": [self.buf[i, int(self.plen[i]): int(self.lens[i])].tolist()
+                      for i in range(self.b)],
+        }
+
+
+def _accepts(mode: str, ps: torch.Tensor, d: torch.Tensor, q: torch.Tensor | None,
+             gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each row's draft `d` [B, 1] is accepted under the target's distribution `ps`,
+    and the distribution a rejection draws its replacement from (unnormalized); the rules of
+    the module docstring per mode."""
+    pd = ps.gather(1, d).squeeze(1)
+    if mode == "greedy":
+        return d[:, 0] == ps.argmax(-1), ps
+    rand = torch.rand(ps.shape[0], device=ps.device, generator=gen)
+    if mode == "target_only":
+        return rand < pd, ps.scatter(1, d, 0.0)
+    assert q is not None
+    qd = q.gather(1, d).squeeze(1)
+    return rand < (pd / qd).clamp(max=1.0), (ps - q).clamp(min=0.0)
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
