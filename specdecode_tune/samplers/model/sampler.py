@@ -48,10 +48,9 @@ from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
-from .acceptance import accept_length, tree_widths
-from .candidates import Candidates, enumerate_space, point_key
+from .candidates import Candidates, enumerate_space, one, point_key, subset
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
-from .oom import fit_oom_running
+from .oom import fit_oom_running, running_as_refused
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
@@ -340,25 +339,10 @@ class ModelGuidedSampler(PlannedSampler):
     def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int,
                             obs: Sequence[TrialObs] = ()) -> list[TrialObs]:
         """The points other trials are measuring now, as if the server had refused them for
-        memory: a proposal made while they run does not bet on the boundary they probe. A
-        point a measured boot shows will run (one ran at a fraction at least as high with at
-        least as many draft tokens) is no such bet and is left out: a refusal there would
-        contradict the measurements, and no boundary line would be left."""
-        ran = [(1.0 if o.mem is None else o.mem, o.draft) for o in obs if o.feasible]
-        out = []
-        for t in trials:
-            if t.state != TrialState.RUNNING or t.number == number or not t.params:
-                continue
-            key = self._key_of(t.params)
-            if key == ("baseline",):
-                continue
-            steps, topk, draft, mem = key
-            m = 1.0 if mem is None else mem
-            if any(rm >= m - 1e-9 and rn >= draft for rm, rn in ran):
-                continue
-            out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
-                                failure="oom", kv=None, limit=None, levels=()))
-        return out
+        memory (`oom.running_as_refused`)."""
+        keys = [self._key_of(t.params) for t in trials
+                if t.state == TrialState.RUNNING and t.number != number and t.params]
+        return running_as_refused([k for k in keys if k != ("baseline",)], obs)
 
     def fitted(self, study: Study, trials: Sequence[FrozenTrial] | None = None
                ) -> tuple[Fit, Candidates, list[TrialObs]] | str:
@@ -411,14 +395,13 @@ class ModelGuidedSampler(PlannedSampler):
         except ValueError:
             return None
         steps, topk, draft, mem = key
-        one = _one(cands, i)
         rng = np.random.default_rng([self._seed, 7919, len(study.get_trials(deepcopy=False))])
-        scores = score_draws(fit, one, rng, draws)[:, 0]
+        scores = score_draws(fit, one(cands, i), rng, draws)[:, 0]
         ok = np.isfinite(scores)
         levels = predict_levels(fit, steps, topk, draft, mem)
         return {
             "tok_s": None if levels is None else {str(c): float(v) for c, v in levels.items()},
-            "accept_length": _accept_of(fit, steps, topk, draft),
+            "accept_length": fit.accept.mean_length(steps, topk, draft),
             "score": float(scores[ok].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -448,7 +431,7 @@ class ModelGuidedSampler(PlannedSampler):
             i, j = cands.keys.index(self._key_of(a)), cands.keys.index(self._key_of(b))
         except ValueError:
             return "a point the model cannot name"
-        two = _subset(cands, [i, j])
+        two = subset(cands, [i, j])
         # Seeded by what has finished, so that asking before a trial starts (the search's
         # outlook) and while planning it give the same draws.
         done = sum(1 for t in trials if t.state.is_finished())
@@ -530,33 +513,6 @@ def _in_context(params: Mapping[str, Any], ctx: Mapping[str, Any]) -> bool:
 
 def _ctx_text(ctx: Mapping[str, Any]) -> str:
     return ("at " + ", ".join(f"{k}={v}" for k, v in ctx.items()) + ": ") if ctx else ""
-
-
-def _one(cands: Candidates, i: int) -> Candidates:
-    """The candidates reduced to the one at index `i` (its own triple table)."""
-    return Candidates(sampled=(cands.sampled[i],), keys=(cands.keys[i],),
-                      steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
-                      draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
-                      triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
-
-
-def _subset(cands: Candidates, idx: Sequence[int]) -> Candidates:
-    """The candidates reduced to those at `idx`, in that order (their own triple table)."""
-    triples = sorted({int(cands.triple[i]) for i in idx})
-    where = {t: n for n, t in enumerate(triples)}
-    return Candidates(sampled=tuple(cands.sampled[i] for i in idx),
-                      keys=tuple(cands.keys[i] for i in idx),
-                      steps=cands.steps[list(idx)], topk=cands.topk[list(idx)],
-                      draft=cands.draft[list(idx)], mem=cands.mem[list(idx)],
-                      triple=np.array([where[int(cands.triple[i])] for i in idx]),
-                      triples=tuple(cands.triples[t] for t in triples))
-
-
-def _accept_of(fit: Fit, steps: int, topk: int, draft: int) -> float:
-    """The mean model's acceptance length (tokens per verify step) of one configuration."""
-    widths = tree_widths(fit.accept.p_mean, fit.accept.h_mean, steps, topk, draft - 1)[-1]
-    return float(accept_length(fit.accept.p_mean[None, :], np.array([fit.accept.h_mean]),
-                               widths)[0])
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
