@@ -14,7 +14,9 @@ trial to its base sampler (TPE by default). One module per part:
 - `acceptance`: per-position acceptance and the sibling share of trees -> tokens per verify step;
 - `kv`: the KV budget and the running limit;
 - `steptime`: the time of one decode iteration;
+- `oom`: the out-of-memory boundary (and running points counted as refused);
 - `fit`: the three together, the predicted score and what a refused boot rules out;
+- `contexts`: parameters the model has no term for, one fit per combination of their values;
 - `sampler`: expected improvement, the hand-over rules and the Optuna hooks.
 """
 

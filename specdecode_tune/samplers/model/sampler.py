@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from itertools import product
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,7 @@ from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
 from .candidates import Candidates, enumerate_space, one, point_key, subset
+from .contexts import context_of, contexts, ctx_text, fitted_in, in_context
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
 from .oom import fit_oom_running, running_as_refused
 from .trials import TrialObs, parse_baseline, parse_measured
@@ -60,10 +60,6 @@ SAFE_P = 0.5
 # The anchor's draft depth: deep enough to measure acceptance at a few positions, shallow
 # enough to need little memory (`ModelGuidedSampler._anchor`).
 ANCHOR_STEPS = 3
-# Discrete parameters the model has no term for are contexts, one fit per combination of their
-# values, up to these sizes (beyond them they follow the incumbent).
-MAX_CONTEXT_VALUES = 8
-MAX_CONTEXTS = 12
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -158,23 +154,23 @@ class ModelGuidedSampler(PlannedSampler):
                     return anchored
             return _base(state), None
         limit = self.fit_limit(study)
-        contexts = self._contexts(trials)
+        ctxs = self._contexts(trials)
         options: list[tuple[dict[str, Any], Fit, Candidates, list[TrialObs], np.ndarray,
                             dict[int, np.ndarray], np.ndarray]] = []
         poor: list[str] = []
-        for ctx in contexts:
-            fit, cands, obs = state if not ctx else self._fitted_in(study, trials, ctx, state)
+        for ctx in ctxs:
+            fit, cands, obs = state if not ctx else fitted_in(study, trials, ctx, state)
             if self.__dict__.get("_pessimistic"):
                 liars = self._running_as_refused(trials, number, obs)
                 if liars:
                     fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
             if fit.rms > limit:
-                poor.append(f"{_ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
+                poor.append(f"{ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
                             f"{limit:.1%}")
                 continue
             taken = {o.key for o in obs}
             for t in trials:
-                if t.number != number and t.params and _in_context(t.params, ctx):
+                if t.number != number and t.params and in_context(t.params, ctx):
                     taken.add(self._key_of(t.params))
             free = np.array([k not in taken for k in cands.keys])
             if not free.any():
@@ -184,7 +180,7 @@ class ModelGuidedSampler(PlannedSampler):
             scores = score_of(fit, levels, ok_draws)
             options.append((ctx, fit, cands, obs, free, levels, scores))
         if not options:
-            if poor and len(poor) == len(contexts):
+            if poor and len(poor) == len(ctxs):
                 fit = state[0]
                 return _base("poor fit: " + "; ".join(poor), fit), None
             return _base("every configuration the model can name was measured", state[0]), None
@@ -229,7 +225,7 @@ class ModelGuidedSampler(PlannedSampler):
         ok = np.isfinite(scores[:, best])
         decision = {
             "by": "model",
-            "why": _ctx_text(ctx) + (
+            "why": ctx_text(ctx) + (
                 f"expected improvement {ei_best:+.4f} of {level_note}" if level_note
                 else f"expected improvement {ei_best:+.4f} over {best_score:+.4f}"),
             "ei": ei_best,
@@ -245,40 +241,8 @@ class ModelGuidedSampler(PlannedSampler):
         return decision, plan
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
-        """The contexts the model is fitted in, one per combination of the values of the
-        discrete parameters it does not know (llama.cpp's n-gram size, say: acceptance and
-        step time depend on it in ways the model has no term for); [{}] where there are none,
-        or too many combinations (then those parameters follow the incumbent)."""
-        specs = [sp for sp in self._specs(trials)
-                 if sp.name not in (STEPS, TOPK, DRAFT, MEM)
-                 and (sp.type == "categorical" or (sp.type == "int" and not sp.log))]
-        axes = []
-        for sp in specs:
-            values = list(sp.values())
-            if len(values) > MAX_CONTEXT_VALUES:
-                return [{}]
-            axes.append((sp.name, values))
-        combos = [dict(zip([n for n, _ in axes], vals, strict=True))
-                  for vals in product(*(v for _, v in axes))]
-        return combos if axes and len(combos) <= MAX_CONTEXTS else [{}]
-
-    def _fitted_in(self, study: Study, trials: Sequence[FrozenTrial], ctx: Mapping[str, Any],
-                   pooled: tuple[Fit, Candidates, list[TrialObs]]
-                   ) -> tuple[Fit, Candidates, list[TrialObs]]:
-        """The model fitted to the finished trials of one context (their observations); the
-        pooled fit, with no observation of its own, where the context has no feasible
-        speculative boot yet: what the other contexts measured is the best guess there."""
-        fit, cands, _ = pooled
-        obs = []
-        for t in trials:
-            if not t.state.is_finished() or not _in_context(t.params, ctx):
-                continue
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
-            if o is not None:
-                obs.append(o)
-        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
-        own = fit_model(obs, base, cands, int(cands.steps.max())) if base is not None else None
-        return (own, cands, obs) if own is not None else (fit, cands, obs)
+        """The contexts the model is fitted in (`contexts.contexts`)."""
+        return contexts(self._specs(trials))
 
     def _anchor(self, trials: Sequence[FrozenTrial], number: int, why: str
                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -387,8 +351,8 @@ class ModelGuidedSampler(PlannedSampler):
         state = self.fitted(study, trials)
         if isinstance(state, str):
             return None
-        ctx = next((c for c in self._contexts(trials) if c and _in_context(sampled, c)), None)
-        fit, cands, _ = state if ctx is None else self._fitted_in(study, trials, ctx, state)
+        ctx = context_of(sampled, self._contexts(trials))
+        fit, cands, _ = state if ctx is None else fitted_in(study, trials, ctx, state)
         key = self._key_of(sampled)
         try:
             i = cands.keys.index(key)
@@ -421,12 +385,11 @@ class ModelGuidedSampler(PlannedSampler):
         state = self.fitted(study, trials)
         if isinstance(state, str):
             return state
-        contexts = [c for c in self._contexts(trials) if c]
-        ctx_a = next((c for c in contexts if _in_context(a, c)), None)
-        ctx_b = next((c for c in contexts if _in_context(b, c)), None)
+        ctxs = self._contexts(trials)
+        ctx_a, ctx_b = context_of(a, ctxs), context_of(b, ctxs)
         if ctx_a != ctx_b:
             return "the two points are in different contexts of the model (separate fits)"
-        fit, cands, _ = state if ctx_a is None else self._fitted_in(study, trials, ctx_a, state)
+        fit, cands, _ = state if ctx_a is None else fitted_in(study, trials, ctx_a, state)
         try:
             i, j = cands.keys.index(self._key_of(a)), cands.keys.index(self._key_of(b))
         except ValueError:
@@ -505,14 +468,6 @@ def _reference(scores: np.ndarray, feasible: np.ndarray, cands: Candidates,
     counts = ok.sum(axis=0)
     means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
     return float(np.max(means))
-
-
-def _in_context(params: Mapping[str, Any], ctx: Mapping[str, Any]) -> bool:
-    return all(params.get(k) == v for k, v in ctx.items())
-
-
-def _ctx_text(ctx: Mapping[str, Any]) -> str:
-    return ("at " + ", ".join(f"{k}={v}" for k, v in ctx.items()) + ": ") if ctx else ""
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
