@@ -13,7 +13,7 @@ takes the trial instead on:
 
 - thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
   measurements yet (nothing to fit); with `cold_start` (the hybrid default) the model proposes
-  anchors there instead (`_anchor`: the configuration most likely to boot, bisecting the
+  anchors there instead (`anchor`: the configuration most likely to boot, bisecting the
   memory fraction on refusals);
 - poor fit: the model's in-sample error on the measured tokens/s is above `max_residual` (or
   1.5 noise bands, when the measured band is wider), i.e. the server behaves in a way the
@@ -47,6 +47,7 @@ from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
+from .anchor import anchor
 from .candidates import Candidates, enumerate_space, one, point_key, subset
 from .contexts import context_of, contexts, ctx_text, fitted_in, in_context
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
@@ -57,9 +58,6 @@ DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, a
 # Once a refusal has measured a boundary, a point is proposed only where at least this share
 # of the posterior draws boots it (the KV gate of the search applies the same share).
 SAFE_P = 0.5
-# The anchor's draft depth: deep enough to measure acceptance at a few positions, shallow
-# enough to need little memory (`ModelGuidedSampler._anchor`).
-ANCHOR_STEPS = 3
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -81,7 +79,7 @@ class ModelGuidedSampler(PlannedSampler):
         per_level: propose by the expected improvement of any level's best measured tok/s
             (the largest over levels), not of the score: a per-batch-size schedule uses the
             best config at every level (`[objective] kind = "schedule"`).
-        cold_start: until a speculative boot has run, propose anchors (`_anchor`: the
+        cold_start: until a speculative boot has run, propose anchors (`anchor`: the
             configuration most likely to boot, bisecting memory on refusals) instead of
             handing the trial to the base sampler.
     """
@@ -246,59 +244,9 @@ class ModelGuidedSampler(PlannedSampler):
 
     def _anchor(self, trials: Sequence[FrozenTrial], number: int, why: str
                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """Before any speculative boot has run there is nothing to fit, and a blind proposal
-        is often refused (on a server short of memory most of the space does not boot): the
-        first points are anchors instead, the configuration most likely to boot that still
-        measures acceptance a few positions deep. topk 1 (the chain: fewest draft tokens),
-        the steps nearest `ANCHOR_STEPS` (the centre of the steps range where no memory
-        fraction is searched), and the middle of the memory fractions no refusal
-        has ruled out: an out-of-memory refusal at (mem, n) rules out every mem >= it for
-        n or more draft tokens, a KV-pool refusal every mem <= it (a bisection on memory).
-        Points measured or running are skipped. None where no candidate is left (the base
-        sampler proposes)."""
+        """The cold start's proposal (`anchor.anchor`); None where no candidate is left."""
         cands = self._candidates(trials)
-        if cands is None:
-            return None
-        obs, taken = [], set()
-        for t in trials:
-            if t.number == number or not t.params:
-                continue
-            key = self._key_of(t.params)
-            taken.add(key)
-            if key == ("baseline",):
-                continue
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params) \
-                if t.state.is_finished() else None
-            if o is not None and not o.feasible and o.failure in ("oom", "kv"):
-                obs.append((o.failure, o.draft, 1.0 if o.mem is None else o.mem))
-            elif t.state == TrialState.RUNNING and key[3] is not None:
-                # Pessimistic, as for the model's proposals: a running anchor may run out.
-                obs.append(("oom", key[2], key[3]))
-        out = np.array([k in taken for k in cands.keys])
-        for kind, draft, m in obs:
-            more = cands.draft >= draft
-            out |= more & ((cands.mem >= m - 1e-9) if kind == "oom" else (cands.mem <= m + 1e-9))
-        ok = ~out & (cands.topk == cands.topk.min())
-        if not ok.any():
-            return None
-        steps = cands.steps[ok]
-        # With a memory fraction searched, memory is what refuses boots: the shallow chain.
-        # Without one (llama.cpp, vLLM's n-gram spaces) a point's depth does not decide
-        # whether it boots, and the centre of the steps range measures acceptance deeper.
-        mem_axis = len(np.unique(cands.mem)) > 1
-        want = ANCHOR_STEPS if mem_axis else float(np.median(np.unique(steps)))
-        target = steps[np.argmin(np.abs(steps - want) + 0.1 * (steps < want))]
-        ok &= cands.steps == target
-        idx = np.nonzero(ok)[0]
-        mems = np.sort(np.unique(cands.mem[idx]))
-        mid = mems[(len(mems) - 1) // 2]
-        best = int(idx[np.argmin(np.abs(cands.mem[idx] - mid) * 1e3 + cands.draft[idx])])
-        plan = dict(cands.sampled[best])
-        where = ("the middle of the memory fractions no refusal ruled out" if mem_axis
-                 else "the centre of the steps range")
-        return {"by": "model", "why": f"anchor: {why}; the configuration most likely to boot "
-                                      f"(topk {cands.topk[best]}, steps {target}, {where})",
-                "anchor": True}, plan
+        return None if cands is None else anchor(cands, trials, number, why, self._key_of)
 
     def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int,
                             obs: Sequence[TrialObs] = ()) -> list[TrialObs]:
