@@ -17,8 +17,9 @@ trial to its base sampler (TPE by default). One module per part:
 - `oom`: the out-of-memory boundary (and running points counted as refused);
 - `fit`: the three together, the predicted score and what a refused boot rules out;
 - `contexts`: parameters the model has no term for, one fit per combination of their values;
+- `improvement`: expected improvement per context, and the reference it improves on;
 - `anchor`: the cold start, before any speculative boot has run;
-- `sampler`: expected improvement, the hand-over rules and the Optuna hooks.
+- `sampler`: the hand-over rules, the decision and the Optuna hooks.
 """
 
 from __future__ import annotations

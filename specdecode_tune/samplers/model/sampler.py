@@ -6,10 +6,10 @@ EI is averaged over joint posterior draws, with infeasible draws counting as no 
 over every valid configuration of the space (`candidates`), excluding those measured or
 running; ties go to the higher mean score. The improvement is over the model's own mean of the
 best measured configuration (the plug-in reference for noisy measurements: the best measured
-value is the luckiest boot, against which nothing looks like an improvement; `_reference`).
-The plan names the model's four axes; every other parameter follows the incumbent (else the
-base sampler). The base sampler (TPE by default)
-takes the trial instead on:
+value is the luckiest boot, against which nothing looks like an improvement;
+`improvement.reference`). The plan names the model's four axes; every other parameter follows
+the incumbent (else the base sampler). The base sampler (TPE by default) takes the trial
+instead on:
 
 - thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
   measurements yet (nothing to fit); with `cold_start` (the hybrid default) the model proposes
@@ -21,13 +21,17 @@ takes the trial instead on:
 - nothing left: every configuration the model can name was measured or is running.
 
 Once a boot was refused (out of memory, not enough KV memory), the model proposes only points
-that boot in at least `SAFE_P` of its posterior draws (while any remain): the first refusal is
-the probe of the boundary, the next points stay on its safe side.
+that boot in at least `SAFE_P` (`improvement`) of its posterior draws (while any remain): the
+first refusal is the probe of the boundary, the next points stay on its safe side.
 
 Every trial records who proposed it and why (the user attr "model_guided"). The sampler keeps
 nothing between trials but its settings (the study holds the data), so it pickles with the
 searcher and a fresh instance over a resumed study carries on. Its only randomness is the
 posterior draws, seeded by (seed, trial number), and the base sampler's.
+
+The parts it uses, one module each: `contexts` (the parameters the model has no term for,
+one fit per combination), `improvement` (EI per context and the reference), `anchor` (the
+cold start) and `oom.running_as_refused` (the pessimistic view of running trials).
 """
 
 from __future__ import annotations
@@ -51,13 +55,11 @@ from .anchor import anchor
 from .candidates import Candidates, enumerate_space, one, point_key, subset
 from .contexts import context_of, contexts, ctx_text, fitted_in, in_context
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
+from .improvement import Option, Pick, best_reference, pick
 from .oom import fit_oom_running, running_as_refused
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
-# Once a refusal has measured a boundary, a point is proposed only where at least this share
-# of the posterior draws boots it (the KV gate of the search applies the same share).
-SAFE_P = 0.5
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -151,13 +153,44 @@ class ModelGuidedSampler(PlannedSampler):
                 if anchored is not None:
                     return anchored
             return _base(state), None
-        limit = self.fit_limit(study)
         ctxs = self._contexts(trials)
-        options: list[tuple[dict[str, Any], Fit, Candidates, list[TrialObs], np.ndarray,
-                            dict[int, np.ndarray], np.ndarray]] = []
+        options, poor = self._options(study, trials, number, state, ctxs)
+        if not options:
+            if poor and len(poor) == len(ctxs):
+                return _base("poor fit: " + "; ".join(poor), state[0]), None
+            return _base("every configuration the model can name was measured", state[0]), None
+        best_trial = incumbent(study, trials)
+        ref = best_reference(options)
+        best_score = ref if ref is not None else (
+            value_of(best_trial) if best_trial is not None else 0.0)
+        picks = []
+        beyond = 0.0
+        for option in options:
+            chosen, over = pick(option, best_score, band, self._per_level)
+            picks.append(chosen)
+            beyond = max(beyond, over)
+        best = max(picks, key=lambda p: (p.ei, p.mean))
+        plan = dict(best.option.cands.sampled[best.at])
+        plan.update(best.option.ctx)
+        plan.update(_others(None if best_trial is None else dict(best_trial.params),
+                            known=set(plan)))
+        decision = _decision(best, best_score)
+        if band is not None:
+            decision["ei_beyond_band"] = beyond
+        return decision, plan
+
+    def _options(self, study: Study, trials: Sequence[FrozenTrial], number: int,
+                 pooled: tuple[Fit, Candidates, list[TrialObs]], ctxs: Sequence[dict[str, Any]]
+                 ) -> tuple[list[Option], list[str]]:
+        """(Per context whose fit is good and where a point is free, its fit and its
+        candidates' posterior draws; why each context with a poor fit was left out). With
+        `pessimistic_running`, points other trials are measuring count as refused for the
+        out-of-memory boundary."""
+        limit = self.fit_limit(study)
+        options: list[Option] = []
         poor: list[str] = []
         for ctx in ctxs:
-            fit, cands, obs = state if not ctx else fitted_in(study, trials, ctx, state)
+            fit, cands, obs = pooled if not ctx else fitted_in(study, trials, ctx, pooled)
             if self.__dict__.get("_pessimistic"):
                 liars = self._running_as_refused(trials, number, obs)
                 if liars:
@@ -175,68 +208,9 @@ class ModelGuidedSampler(PlannedSampler):
                 continue
             rng = np.random.default_rng([self._seed, number, len(options)])
             levels, ok_draws = level_draws(fit, cands, rng, self._draws)
-            scores = score_of(fit, levels, ok_draws)
-            options.append((ctx, fit, cands, obs, free, levels, scores))
-        if not options:
-            if poor and len(poor) == len(ctxs):
-                fit = state[0]
-                return _base("poor fit: " + "; ".join(poor), fit), None
-            return _base("every configuration the model can name was measured", state[0]), None
-        best_trial = incumbent(study, trials)
-        # The reference: the best of the model's means of measured configurations, over every
-        # context's own fit.
-        refs = [r for _, _, cands, obs, _, _, scores in options
-                if (r := _reference(scores, np.isfinite(scores), cands, obs)) is not None]
-        best_score = max(refs) if refs else (
-            value_of(best_trial) if best_trial is not None else 0.0)
-        picks = []
-        beyond = 0.0
-        for ctx, fit, cands, obs, free, levels, scores in options:
-            feasible = np.isfinite(scores)
-            gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
-            ei = gain.mean(axis=0)
-            if band is not None and free.any():
-                over = np.maximum(gain - band, 0.0).mean(axis=0)
-                beyond = max(beyond, float(over[free].max()))
-            level_note = ""
-            if self._per_level:
-                ei, level_note = _level_ei(levels, feasible, obs, fit.base)
-            # Infeasible draws count as a very bad score in the tie-break, not as no
-            # information.
-            mean = np.where(feasible, scores, -10.0).mean(axis=0)
-            if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
-                # A refusal measured the boundary once: from here on, points the server more
-                # likely refuses than boots are not proposed (while others remain).
-                likely = feasible.mean(axis=0) >= SAFE_P
-                if (free & likely).any():
-                    free = free & likely
-            order = np.lexsort((-mean, -ei))          # EI first, then the mean score
-            order = order[free[order]]
-            i = int(order[0])
-            picks.append((float(ei[i]), float(mean[i]), i, ctx, fit, cands, scores, level_note))
-        ei_best, _, best, ctx, fit, cands, scores, level_note = max(
-            picks, key=lambda p: (p[0], p[1]))
-        plan = dict(cands.sampled[best])
-        plan.update(ctx)
-        plan.update(_others(None if best_trial is None else dict(best_trial.params),
-                            known=set(plan)))
-        ok = np.isfinite(scores[:, best])
-        decision = {
-            "by": "model",
-            "why": ctx_text(ctx) + (
-                f"expected improvement {ei_best:+.4f} of {level_note}" if level_note
-                else f"expected improvement {ei_best:+.4f} over {best_score:+.4f}"),
-            "ei": ei_best,
-            "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
-            "p_feasible": float(ok.mean()),
-            "fit_error": round(fit.rms, 5),
-            "tile": fit.step.tile,
-            "route": fit.step.route,
-            "accept_measured_to": fit.accept.measured_depth,
-        }
-        if band is not None:
-            decision["ei_beyond_band"] = beyond
-        return decision, plan
+            options.append(Option(ctx, fit, cands, obs, free, levels,
+                                  score_of(fit, levels, ok_draws)))
+        return options, poor
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
         """The contexts the model is fitted in (`contexts.contexts`)."""
@@ -378,44 +352,23 @@ class ModelGuidedSampler(PlannedSampler):
         return cands
 
 
-def _level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Sequence[Any],
-              base: Any) -> tuple[np.ndarray, str]:
-    """(EI per candidate of the best measured log tok/s at any level: the largest over levels,
-    a note naming the levels' bests). Each level's best counts the baseline and every feasible
-    trial measured there."""
-    eis = []
-    for c, draws in levels.items():
-        seen = [lv.tok_s for o in obs if o.feasible for lv in o.levels
-                if lv.concurrency == c and lv.tok_s > 0]
-        if base.tok_s.get(c):
-            seen.append(base.tok_s[c])
-        best = math.log(max(seen)) if seen else -math.inf
-        gain = np.where(feasible, np.maximum(draws - best, 0.0), 0.0) if seen else \
-            np.where(feasible, 1.0, 0.0)
-        eis.append(gain.mean(axis=0))
-    ei = np.max(np.stack(eis), axis=0) if eis else np.zeros(feasible.shape[1])
-    return ei, "any level's best (log tok/s)"
-
-
-def _reference(scores: np.ndarray, feasible: np.ndarray, cands: Candidates,
-               obs: Sequence[TrialObs]) -> float | None:
-    """The score EI improves on: the best posterior mean among the measured configurations
-    (the plug-in reference for noisy observations), not the best measured value. The best of
-    several noisy measurements is biased upwards (the winner's curse: on a server whose boots
-    vary by 4% the incumbent is the luckiest boot), so against it every prediction, which
-    averages over boots, looks like no improvement and the search stops on a lucky draw. None
-    where no measured configuration is a candidate."""
-    index = {k: i for i, k in enumerate(cands.keys)}
-    measured = sorted({index[o.key] for o in obs if o.feasible and o.key in index})
-    if not measured:
-        return None
-    ok = feasible[:, measured]
-    if not ok.any():
-        return None
-    sums = np.where(ok, scores[:, measured], 0.0).sum(axis=0)
-    counts = ok.sum(axis=0)
-    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
-    return float(np.max(means))
+def _decision(best: Pick, best_score: float) -> dict[str, Any]:
+    """What the trial records of the model's proposal: why, and what the fit says of it."""
+    ctx, fit, _, _, _, _, scores = best.option
+    ok = np.isfinite(scores[:, best.at])
+    return {
+        "by": "model",
+        "why": ctx_text(ctx) + (
+            f"expected improvement {best.ei:+.4f} of {best.level_note}" if best.level_note
+            else f"expected improvement {best.ei:+.4f} over {best_score:+.4f}"),
+        "ei": best.ei,
+        "predicted_score": float(scores[ok, best.at].mean()) if ok.any() else None,
+        "p_feasible": float(ok.mean()),
+        "fit_error": round(fit.rms, 5),
+        "tile": fit.step.tile,
+        "route": fit.step.route,
+        "accept_measured_to": fit.accept.measured_depth,
+    }
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
