@@ -14,8 +14,12 @@ trial to its base sampler (TPE by default). One module per part:
 - `acceptance`: per-position acceptance and the sibling share of trees -> tokens per verify step;
 - `kv`: the KV budget and the running limit;
 - `steptime`: the time of one decode iteration;
+- `oom`: the out-of-memory boundary (and running points counted as refused);
 - `fit`: the three together, the predicted score and what a refused boot rules out;
-- `sampler`: expected improvement, the hand-over rules and the Optuna hooks.
+- `contexts`: parameters the model has no term for, one fit per combination of their values;
+- `improvement`: expected improvement per context, and the reference it improves on;
+- `anchor`: the cold start, before any speculative boot has run;
+- `sampler`: the hand-over rules, the decision and the Optuna hooks.
 """
 
 from __future__ import annotations

@@ -126,6 +126,11 @@ class AcceptanceFit:
         alpha, beta = self._beta()
         return (self.h_post[:, None] * alpha / (alpha + beta)).sum(axis=0)
 
+    def mean_length(self, steps: int, topk: int, draft: int) -> float:
+        """The mean model's acceptance length (tokens per verify step) of one configuration."""
+        widths = tree_widths(self.p_mean, self.h_mean, steps, topk, draft - 1)[-1]
+        return float(accept_length(self.p_mean[None, :], np.array([self.h_mean]), widths)[0])
+
     def _beta(self) -> tuple[np.ndarray, np.ndarray]:
         """Beta posteriors per (h, position): the measured counts over an exchangeable prior
         (`PRIOR_WEIGHT` pseudo-steps at the measured positions' mean acceptance)."""

@@ -100,3 +100,23 @@ def _axis_values(spec: ParamSpec) -> list[Any]:
             return [math.exp(lo + (hi - lo) * i / (FLOAT_GRID - 1)) for i in range(FLOAT_GRID)]
         return spec.grid(FLOAT_GRID)
     return spec.values()
+
+
+def one(cands: Candidates, i: int) -> Candidates:
+    """The candidates reduced to the one at index `i` (its own triple table)."""
+    return Candidates(sampled=(cands.sampled[i],), keys=(cands.keys[i],),
+                      steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
+                      draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
+                      triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
+
+
+def subset(cands: Candidates, idx: Sequence[int]) -> Candidates:
+    """The candidates reduced to those at `idx`, in that order (their own triple table)."""
+    triples = sorted({int(cands.triple[i]) for i in idx})
+    where = {t: n for n, t in enumerate(triples)}
+    return Candidates(sampled=tuple(cands.sampled[i] for i in idx),
+                      keys=tuple(cands.keys[i] for i in idx),
+                      steps=cands.steps[list(idx)], topk=cands.topk[list(idx)],
+                      draft=cands.draft[list(idx)], mem=cands.mem[list(idx)],
+                      triple=np.array([where[int(cands.triple[i])] for i in idx]),
+                      triples=tuple(cands.triples[t] for t in triples))

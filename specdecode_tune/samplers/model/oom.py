@@ -147,3 +147,21 @@ def fit_oom_running(obs: Sequence[TrialObs], running: Sequence[TrialObs],
         if fit_oom([*obs, *kept, r]) is not None:
             kept.append(r)
     return fit_oom([*obs, *kept]) if kept else measured
+
+
+def running_as_refused(running: Sequence[tuple], obs: Sequence[TrialObs] = ()
+                       ) -> list[TrialObs]:
+    """The points other trials are measuring now (`running`: their keys, `point_key`), as if
+    the server had refused them for memory: a proposal made while they run does not bet on the
+    boundary they probe. A point a measured boot shows will run (one ran at a fraction at least
+    as high with at least as many draft tokens) is no such bet and is left out: a refusal there
+    would contradict the measurements, and no boundary line would be left."""
+    ran = [(1.0 if o.mem is None else o.mem, o.draft) for o in obs if o.feasible]
+    out = []
+    for steps, topk, draft, mem in running:
+        m = 1.0 if mem is None else mem
+        if any(rm >= m - 1e-9 and rn >= draft for rm, rn in ran):
+            continue
+        out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
+                            failure="oom", kv=None, limit=None, levels=()))
+    return out

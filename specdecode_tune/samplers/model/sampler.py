@@ -6,14 +6,14 @@ EI is averaged over joint posterior draws, with infeasible draws counting as no 
 over every valid configuration of the space (`candidates`), excluding those measured or
 running; ties go to the higher mean score. The improvement is over the model's own mean of the
 best measured configuration (the plug-in reference for noisy measurements: the best measured
-value is the luckiest boot, against which nothing looks like an improvement; `_reference`).
-The plan names the model's four axes; every other parameter follows the incumbent (else the
-base sampler). The base sampler (TPE by default)
-takes the trial instead on:
+value is the luckiest boot, against which nothing looks like an improvement;
+`improvement.reference`). The plan names the model's four axes; every other parameter follows
+the incumbent (else the base sampler). The base sampler (TPE by default) takes the trial
+instead on:
 
 - thin data: fewer than `min_trials` finished trials, or no feasible speculative trial with
   measurements yet (nothing to fit); with `cold_start` (the hybrid default) the model proposes
-  anchors there instead (`_anchor`: the configuration most likely to boot, bisecting the
+  anchors there instead (`anchor`: the configuration most likely to boot, bisecting the
   memory fraction on refusals);
 - poor fit: the model's in-sample error on the measured tokens/s is above `max_residual` (or
   1.5 noise bands, when the measured band is wider), i.e. the server behaves in a way the
@@ -21,13 +21,17 @@ takes the trial instead on:
 - nothing left: every configuration the model can name was measured or is running.
 
 Once a boot was refused (out of memory, not enough KV memory), the model proposes only points
-that boot in at least `SAFE_P` of its posterior draws (while any remain): the first refusal is
-the probe of the boundary, the next points stay on its safe side.
+that boot in at least `SAFE_P` (`improvement`) of its posterior draws (while any remain): the
+first refusal is the probe of the boundary, the next points stay on its safe side.
 
 Every trial records who proposed it and why (the user attr "model_guided"). The sampler keeps
 nothing between trials but its settings (the study holds the data), so it pickles with the
 searcher and a fresh instance over a resumed study carries on. Its only randomness is the
 posterior draws, seeded by (seed, trial number), and the base sampler's.
+
+The parts it uses, one module each: `contexts` (the parameters the model has no term for,
+one fit per combination), `improvement` (EI per context and the reference), `anchor` (the
+cold start) and `oom.running_as_refused` (the pessimistic view of running trials).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from itertools import product
 from typing import Any
 
 import numpy as np
@@ -48,23 +51,15 @@ from ...space import DRAFT, MEM, STEPS, TOPK, ParamSpec, is_baseline, resolve
 from ..history import distributions, incumbent, union_spec, value_of
 from ..observations import BASELINE_ATTR, MEASURED_ATTR, NOISE_BAND_ATTR
 from ..planned import PlannedSampler, fit_into, set_trial_user_attr
-from .acceptance import accept_length, tree_widths
-from .candidates import Candidates, enumerate_space, point_key
+from .anchor import anchor
+from .candidates import Candidates, enumerate_space, one, point_key, subset
+from .contexts import context_of, contexts, ctx_text, fitted_in, in_context
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
-from .oom import fit_oom_running
+from .improvement import Option, Pick, best_reference, pick
+from .oom import fit_oom_running, running_as_refused
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
-# Once a refusal has measured a boundary, a point is proposed only where at least this share
-# of the posterior draws boots it (the KV gate of the search applies the same share).
-SAFE_P = 0.5
-# The anchor's draft depth: deep enough to measure acceptance at a few positions, shallow
-# enough to need little memory (`ModelGuidedSampler._anchor`).
-ANCHOR_STEPS = 3
-# Discrete parameters the model has no term for are contexts, one fit per combination of their
-# values, up to these sizes (beyond them they follow the incumbent).
-MAX_CONTEXT_VALUES = 8
-MAX_CONTEXTS = 12
 
 
 class ModelGuidedSampler(PlannedSampler):
@@ -86,7 +81,7 @@ class ModelGuidedSampler(PlannedSampler):
         per_level: propose by the expected improvement of any level's best measured tok/s
             (the largest over levels), not of the score: a per-batch-size schedule uses the
             best config at every level (`[objective] kind = "schedule"`).
-        cold_start: until a speculative boot has run, propose anchors (`_anchor`: the
+        cold_start: until a speculative boot has run, propose anchors (`anchor`: the
             configuration most likely to boot, bisecting memory on refusals) instead of
             handing the trial to the base sampler.
     """
@@ -158,207 +153,82 @@ class ModelGuidedSampler(PlannedSampler):
                 if anchored is not None:
                     return anchored
             return _base(state), None
+        ctxs = self._contexts(trials)
+        options, poor = self._options(study, trials, number, state, ctxs)
+        if not options:
+            if poor and len(poor) == len(ctxs):
+                return _base("poor fit: " + "; ".join(poor), state[0]), None
+            return _base("every configuration the model can name was measured", state[0]), None
+        best_trial = incumbent(study, trials)
+        ref = best_reference(options)
+        best_score = ref if ref is not None else (
+            value_of(best_trial) if best_trial is not None else 0.0)
+        picks = []
+        beyond = 0.0
+        for option in options:
+            chosen, over = pick(option, best_score, band, self._per_level)
+            picks.append(chosen)
+            beyond = max(beyond, over)
+        best = max(picks, key=lambda p: (p.ei, p.mean))
+        plan = dict(best.option.cands.sampled[best.at])
+        plan.update(best.option.ctx)
+        plan.update(_others(None if best_trial is None else dict(best_trial.params),
+                            known=set(plan)))
+        decision = _decision(best, best_score)
+        if band is not None:
+            decision["ei_beyond_band"] = beyond
+        return decision, plan
+
+    def _options(self, study: Study, trials: Sequence[FrozenTrial], number: int,
+                 pooled: tuple[Fit, Candidates, list[TrialObs]], ctxs: Sequence[dict[str, Any]]
+                 ) -> tuple[list[Option], list[str]]:
+        """(Per context whose fit is good and where a point is free, its fit and its
+        candidates' posterior draws; why each context with a poor fit was left out). With
+        `pessimistic_running`, points other trials are measuring count as refused for the
+        out-of-memory boundary."""
         limit = self.fit_limit(study)
-        contexts = self._contexts(trials)
-        options: list[tuple[dict[str, Any], Fit, Candidates, list[TrialObs], np.ndarray,
-                            dict[int, np.ndarray], np.ndarray]] = []
+        options: list[Option] = []
         poor: list[str] = []
-        for ctx in contexts:
-            fit, cands, obs = state if not ctx else self._fitted_in(study, trials, ctx, state)
+        for ctx in ctxs:
+            fit, cands, obs = pooled if not ctx else fitted_in(study, trials, ctx, pooled)
             if self.__dict__.get("_pessimistic"):
                 liars = self._running_as_refused(trials, number, obs)
                 if liars:
                     fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
             if fit.rms > limit:
-                poor.append(f"{_ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
+                poor.append(f"{ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
                             f"{limit:.1%}")
                 continue
             taken = {o.key for o in obs}
             for t in trials:
-                if t.number != number and t.params and _in_context(t.params, ctx):
+                if t.number != number and t.params and in_context(t.params, ctx):
                     taken.add(self._key_of(t.params))
             free = np.array([k not in taken for k in cands.keys])
             if not free.any():
                 continue
             rng = np.random.default_rng([self._seed, number, len(options)])
             levels, ok_draws = level_draws(fit, cands, rng, self._draws)
-            scores = score_of(fit, levels, ok_draws)
-            options.append((ctx, fit, cands, obs, free, levels, scores))
-        if not options:
-            if poor and len(poor) == len(contexts):
-                fit = state[0]
-                return _base("poor fit: " + "; ".join(poor), fit), None
-            return _base("every configuration the model can name was measured", state[0]), None
-        best_trial = incumbent(study, trials)
-        # The reference: the best of the model's means of measured configurations, over every
-        # context's own fit.
-        refs = [r for _, _, cands, obs, _, _, scores in options
-                if (r := _reference(scores, np.isfinite(scores), cands, obs)) is not None]
-        best_score = max(refs) if refs else (
-            value_of(best_trial) if best_trial is not None else 0.0)
-        picks = []
-        beyond = 0.0
-        for ctx, fit, cands, obs, free, levels, scores in options:
-            feasible = np.isfinite(scores)
-            gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
-            ei = gain.mean(axis=0)
-            if band is not None and free.any():
-                over = np.maximum(gain - band, 0.0).mean(axis=0)
-                beyond = max(beyond, float(over[free].max()))
-            level_note = ""
-            if self._per_level:
-                ei, level_note = _level_ei(levels, feasible, obs, fit.base)
-            # Infeasible draws count as a very bad score in the tie-break, not as no
-            # information.
-            mean = np.where(feasible, scores, -10.0).mean(axis=0)
-            if any(not o.feasible and o.failure in ("oom", "kv") for o in obs):
-                # A refusal measured the boundary once: from here on, points the server more
-                # likely refuses than boots are not proposed (while others remain).
-                likely = feasible.mean(axis=0) >= SAFE_P
-                if (free & likely).any():
-                    free = free & likely
-            order = np.lexsort((-mean, -ei))          # EI first, then the mean score
-            order = order[free[order]]
-            i = int(order[0])
-            picks.append((float(ei[i]), float(mean[i]), i, ctx, fit, cands, scores, level_note))
-        ei_best, _, best, ctx, fit, cands, scores, level_note = max(
-            picks, key=lambda p: (p[0], p[1]))
-        plan = dict(cands.sampled[best])
-        plan.update(ctx)
-        plan.update(_others(None if best_trial is None else dict(best_trial.params),
-                            known=set(plan)))
-        ok = np.isfinite(scores[:, best])
-        decision = {
-            "by": "model",
-            "why": _ctx_text(ctx) + (
-                f"expected improvement {ei_best:+.4f} of {level_note}" if level_note
-                else f"expected improvement {ei_best:+.4f} over {best_score:+.4f}"),
-            "ei": ei_best,
-            "predicted_score": float(scores[ok, best].mean()) if ok.any() else None,
-            "p_feasible": float(ok.mean()),
-            "fit_error": round(fit.rms, 5),
-            "tile": fit.step.tile,
-            "route": fit.step.route,
-            "accept_measured_to": fit.accept.measured_depth,
-        }
-        if band is not None:
-            decision["ei_beyond_band"] = beyond
-        return decision, plan
+            options.append(Option(ctx, fit, cands, obs, free, levels,
+                                  score_of(fit, levels, ok_draws)))
+        return options, poor
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
-        """The contexts the model is fitted in, one per combination of the values of the
-        discrete parameters it does not know (llama.cpp's n-gram size, say: acceptance and
-        step time depend on it in ways the model has no term for); [{}] where there are none,
-        or too many combinations (then those parameters follow the incumbent)."""
-        specs = [sp for sp in self._specs(trials)
-                 if sp.name not in (STEPS, TOPK, DRAFT, MEM)
-                 and (sp.type == "categorical" or (sp.type == "int" and not sp.log))]
-        axes = []
-        for sp in specs:
-            values = list(sp.values())
-            if len(values) > MAX_CONTEXT_VALUES:
-                return [{}]
-            axes.append((sp.name, values))
-        combos = [dict(zip([n for n, _ in axes], vals, strict=True))
-                  for vals in product(*(v for _, v in axes))]
-        return combos if axes and len(combos) <= MAX_CONTEXTS else [{}]
-
-    def _fitted_in(self, study: Study, trials: Sequence[FrozenTrial], ctx: Mapping[str, Any],
-                   pooled: tuple[Fit, Candidates, list[TrialObs]]
-                   ) -> tuple[Fit, Candidates, list[TrialObs]]:
-        """The model fitted to the finished trials of one context (their observations); the
-        pooled fit, with no observation of its own, where the context has no feasible
-        speculative boot yet: what the other contexts measured is the best guess there."""
-        fit, cands, _ = pooled
-        obs = []
-        for t in trials:
-            if not t.state.is_finished() or not _in_context(t.params, ctx):
-                continue
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params)
-            if o is not None:
-                obs.append(o)
-        base = parse_baseline(study.user_attrs.get(BASELINE_ATTR))
-        own = fit_model(obs, base, cands, int(cands.steps.max())) if base is not None else None
-        return (own, cands, obs) if own is not None else (fit, cands, obs)
+        """The contexts the model is fitted in (`contexts.contexts`)."""
+        return contexts(self._specs(trials))
 
     def _anchor(self, trials: Sequence[FrozenTrial], number: int, why: str
                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """Before any speculative boot has run there is nothing to fit, and a blind proposal
-        is often refused (on a server short of memory most of the space does not boot): the
-        first points are anchors instead, the configuration most likely to boot that still
-        measures acceptance a few positions deep. topk 1 (the chain: fewest draft tokens),
-        the steps nearest `ANCHOR_STEPS` (the centre of the steps range where no memory
-        fraction is searched), and the middle of the memory fractions no refusal
-        has ruled out: an out-of-memory refusal at (mem, n) rules out every mem >= it for
-        n or more draft tokens, a KV-pool refusal every mem <= it (a bisection on memory).
-        Points measured or running are skipped. None where no candidate is left (the base
-        sampler proposes)."""
+        """The cold start's proposal (`anchor.anchor`); None where no candidate is left."""
         cands = self._candidates(trials)
-        if cands is None:
-            return None
-        obs, taken = [], set()
-        for t in trials:
-            if t.number == number or not t.params:
-                continue
-            key = self._key_of(t.params)
-            taken.add(key)
-            if key == ("baseline",):
-                continue
-            o = parse_measured(t.user_attrs.get(MEASURED_ATTR), t.params) \
-                if t.state.is_finished() else None
-            if o is not None and not o.feasible and o.failure in ("oom", "kv"):
-                obs.append((o.failure, o.draft, 1.0 if o.mem is None else o.mem))
-            elif t.state == TrialState.RUNNING and key[3] is not None:
-                # Pessimistic, as for the model's proposals: a running anchor may run out.
-                obs.append(("oom", key[2], key[3]))
-        out = np.array([k in taken for k in cands.keys])
-        for kind, draft, m in obs:
-            more = cands.draft >= draft
-            out |= more & ((cands.mem >= m - 1e-9) if kind == "oom" else (cands.mem <= m + 1e-9))
-        ok = ~out & (cands.topk == cands.topk.min())
-        if not ok.any():
-            return None
-        steps = cands.steps[ok]
-        # With a memory fraction searched, memory is what refuses boots: the shallow chain.
-        # Without one (llama.cpp, vLLM's n-gram spaces) a point's depth does not decide
-        # whether it boots, and the centre of the steps range measures acceptance deeper.
-        mem_axis = len(np.unique(cands.mem)) > 1
-        want = ANCHOR_STEPS if mem_axis else float(np.median(np.unique(steps)))
-        target = steps[np.argmin(np.abs(steps - want) + 0.1 * (steps < want))]
-        ok &= cands.steps == target
-        idx = np.nonzero(ok)[0]
-        mems = np.sort(np.unique(cands.mem[idx]))
-        mid = mems[(len(mems) - 1) // 2]
-        best = int(idx[np.argmin(np.abs(cands.mem[idx] - mid) * 1e3 + cands.draft[idx])])
-        plan = dict(cands.sampled[best])
-        where = ("the middle of the memory fractions no refusal ruled out" if mem_axis
-                 else "the centre of the steps range")
-        return {"by": "model", "why": f"anchor: {why}; the configuration most likely to boot "
-                                      f"(topk {cands.topk[best]}, steps {target}, {where})",
-                "anchor": True}, plan
+        return None if cands is None else anchor(cands, trials, number, why, self._key_of)
 
     def _running_as_refused(self, trials: Sequence[FrozenTrial], number: int,
                             obs: Sequence[TrialObs] = ()) -> list[TrialObs]:
         """The points other trials are measuring now, as if the server had refused them for
-        memory: a proposal made while they run does not bet on the boundary they probe. A
-        point a measured boot shows will run (one ran at a fraction at least as high with at
-        least as many draft tokens) is no such bet and is left out: a refusal there would
-        contradict the measurements, and no boundary line would be left."""
-        ran = [(1.0 if o.mem is None else o.mem, o.draft) for o in obs if o.feasible]
-        out = []
-        for t in trials:
-            if t.state != TrialState.RUNNING or t.number == number or not t.params:
-                continue
-            key = self._key_of(t.params)
-            if key == ("baseline",):
-                continue
-            steps, topk, draft, mem = key
-            m = 1.0 if mem is None else mem
-            if any(rm >= m - 1e-9 and rn >= draft for rm, rn in ran):
-                continue
-            out.append(TrialObs(steps=steps, topk=topk, draft=draft, mem=mem, feasible=False,
-                                failure="oom", kv=None, limit=None, levels=()))
-        return out
+        memory (`oom.running_as_refused`)."""
+        keys = [self._key_of(t.params) for t in trials
+                if t.state == TrialState.RUNNING and t.number != number and t.params]
+        return running_as_refused([k for k in keys if k != ("baseline",)], obs)
 
     def fitted(self, study: Study, trials: Sequence[FrozenTrial] | None = None
                ) -> tuple[Fit, Candidates, list[TrialObs]] | str:
@@ -403,22 +273,21 @@ class ModelGuidedSampler(PlannedSampler):
         state = self.fitted(study, trials)
         if isinstance(state, str):
             return None
-        ctx = next((c for c in self._contexts(trials) if c and _in_context(sampled, c)), None)
-        fit, cands, _ = state if ctx is None else self._fitted_in(study, trials, ctx, state)
+        ctx = context_of(sampled, self._contexts(trials))
+        fit, cands, _ = state if ctx is None else fitted_in(study, trials, ctx, state)
         key = self._key_of(sampled)
         try:
             i = cands.keys.index(key)
         except ValueError:
             return None
         steps, topk, draft, mem = key
-        one = _one(cands, i)
         rng = np.random.default_rng([self._seed, 7919, len(study.get_trials(deepcopy=False))])
-        scores = score_draws(fit, one, rng, draws)[:, 0]
+        scores = score_draws(fit, one(cands, i), rng, draws)[:, 0]
         ok = np.isfinite(scores)
         levels = predict_levels(fit, steps, topk, draft, mem)
         return {
             "tok_s": None if levels is None else {str(c): float(v) for c, v in levels.items()},
-            "accept_length": _accept_of(fit, steps, topk, draft),
+            "accept_length": fit.accept.mean_length(steps, topk, draft),
             "score": float(scores[ok].mean()) if ok.any() else None,
             "p_feasible": float(ok.mean()),
             "fit_error": round(fit.rms, 5),
@@ -438,17 +307,16 @@ class ModelGuidedSampler(PlannedSampler):
         state = self.fitted(study, trials)
         if isinstance(state, str):
             return state
-        contexts = [c for c in self._contexts(trials) if c]
-        ctx_a = next((c for c in contexts if _in_context(a, c)), None)
-        ctx_b = next((c for c in contexts if _in_context(b, c)), None)
+        ctxs = self._contexts(trials)
+        ctx_a, ctx_b = context_of(a, ctxs), context_of(b, ctxs)
         if ctx_a != ctx_b:
             return "the two points are in different contexts of the model (separate fits)"
-        fit, cands, _ = state if ctx_a is None else self._fitted_in(study, trials, ctx_a, state)
+        fit, cands, _ = state if ctx_a is None else fitted_in(study, trials, ctx_a, state)
         try:
             i, j = cands.keys.index(self._key_of(a)), cands.keys.index(self._key_of(b))
         except ValueError:
             return "a point the model cannot name"
-        two = _subset(cands, [i, j])
+        two = subset(cands, [i, j])
         # Seeded by what has finished, so that asking before a trial starts (the search's
         # outlook) and while planning it give the same draws.
         done = sum(1 for t in trials if t.state.is_finished())
@@ -484,79 +352,23 @@ class ModelGuidedSampler(PlannedSampler):
         return cands
 
 
-def _level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Sequence[Any],
-              base: Any) -> tuple[np.ndarray, str]:
-    """(EI per candidate of the best measured log tok/s at any level: the largest over levels,
-    a note naming the levels' bests). Each level's best counts the baseline and every feasible
-    trial measured there."""
-    eis = []
-    for c, draws in levels.items():
-        seen = [lv.tok_s for o in obs if o.feasible for lv in o.levels
-                if lv.concurrency == c and lv.tok_s > 0]
-        if base.tok_s.get(c):
-            seen.append(base.tok_s[c])
-        best = math.log(max(seen)) if seen else -math.inf
-        gain = np.where(feasible, np.maximum(draws - best, 0.0), 0.0) if seen else \
-            np.where(feasible, 1.0, 0.0)
-        eis.append(gain.mean(axis=0))
-    ei = np.max(np.stack(eis), axis=0) if eis else np.zeros(feasible.shape[1])
-    return ei, "any level's best (log tok/s)"
-
-
-def _reference(scores: np.ndarray, feasible: np.ndarray, cands: Candidates,
-               obs: Sequence[TrialObs]) -> float | None:
-    """The score EI improves on: the best posterior mean among the measured configurations
-    (the plug-in reference for noisy observations), not the best measured value. The best of
-    several noisy measurements is biased upwards (the winner's curse: on a server whose boots
-    vary by 4% the incumbent is the luckiest boot), so against it every prediction, which
-    averages over boots, looks like no improvement and the search stops on a lucky draw. None
-    where no measured configuration is a candidate."""
-    index = {k: i for i, k in enumerate(cands.keys)}
-    measured = sorted({index[o.key] for o in obs if o.feasible and o.key in index})
-    if not measured:
-        return None
-    ok = feasible[:, measured]
-    if not ok.any():
-        return None
-    sums = np.where(ok, scores[:, measured], 0.0).sum(axis=0)
-    counts = ok.sum(axis=0)
-    means = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
-    return float(np.max(means))
-
-
-def _in_context(params: Mapping[str, Any], ctx: Mapping[str, Any]) -> bool:
-    return all(params.get(k) == v for k, v in ctx.items())
-
-
-def _ctx_text(ctx: Mapping[str, Any]) -> str:
-    return ("at " + ", ".join(f"{k}={v}" for k, v in ctx.items()) + ": ") if ctx else ""
-
-
-def _one(cands: Candidates, i: int) -> Candidates:
-    """The candidates reduced to the one at index `i` (its own triple table)."""
-    return Candidates(sampled=(cands.sampled[i],), keys=(cands.keys[i],),
-                      steps=cands.steps[i:i + 1], topk=cands.topk[i:i + 1],
-                      draft=cands.draft[i:i + 1], mem=cands.mem[i:i + 1],
-                      triple=np.array([0]), triples=(cands.triples[int(cands.triple[i])],))
-
-
-def _subset(cands: Candidates, idx: Sequence[int]) -> Candidates:
-    """The candidates reduced to those at `idx`, in that order (their own triple table)."""
-    triples = sorted({int(cands.triple[i]) for i in idx})
-    where = {t: n for n, t in enumerate(triples)}
-    return Candidates(sampled=tuple(cands.sampled[i] for i in idx),
-                      keys=tuple(cands.keys[i] for i in idx),
-                      steps=cands.steps[list(idx)], topk=cands.topk[list(idx)],
-                      draft=cands.draft[list(idx)], mem=cands.mem[list(idx)],
-                      triple=np.array([where[int(cands.triple[i])] for i in idx]),
-                      triples=tuple(cands.triples[t] for t in triples))
-
-
-def _accept_of(fit: Fit, steps: int, topk: int, draft: int) -> float:
-    """The mean model's acceptance length (tokens per verify step) of one configuration."""
-    widths = tree_widths(fit.accept.p_mean, fit.accept.h_mean, steps, topk, draft - 1)[-1]
-    return float(accept_length(fit.accept.p_mean[None, :], np.array([fit.accept.h_mean]),
-                               widths)[0])
+def _decision(best: Pick, best_score: float) -> dict[str, Any]:
+    """What the trial records of the model's proposal: why, and what the fit says of it."""
+    ctx, fit, _, _, _, _, scores = best.option
+    ok = np.isfinite(scores[:, best.at])
+    return {
+        "by": "model",
+        "why": ctx_text(ctx) + (
+            f"expected improvement {best.ei:+.4f} of {best.level_note}" if best.level_note
+            else f"expected improvement {best.ei:+.4f} over {best_score:+.4f}"),
+        "ei": best.ei,
+        "predicted_score": float(scores[ok, best.at].mean()) if ok.any() else None,
+        "p_feasible": float(ok.mean()),
+        "fit_error": round(fit.rms, 5),
+        "tile": fit.step.tile,
+        "route": fit.step.route,
+        "accept_measured_to": fit.accept.measured_depth,
+    }
 
 
 def _others(incumbent_params: Mapping[str, Any] | None, known: set[str]) -> dict[str, Any]:
