@@ -7,7 +7,8 @@ kind = "schedule"` the project's samplers aim at every level's best (`per_level`
 the expected improvement of any level's best, the plateau probe on each level's own score).
 
 TPE starts with min(6, max_trials) random trials; NSGA-II's population is max_trials / 2,
-clamped to [4, 20]. Every sampler is seeded with the run's seed.
+clamped to [4, 20]. Every sampler is seeded with the run's seed, and pickles (Ray Tune saves
+the searcher holding it at every checkpoint; `samplers.nsga2` says why NSGA-II needed help).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(
+        from ..samplers.nsga2 import NSGAIISampler  # Optuna's, made to pickle
+        return NSGAIISampler(seed=seed, population_size=max(
             4, min(20, exp.search.max_trials // 2)))
     if name == "plateau":
         from ..samplers import PlateauEscapeSampler

@@ -21,8 +21,8 @@ The contract, per sampler:
 - a study resumed from its storage (an Optuna journal, as the tuner keeps it) with the sampler
   pickled at the interruption (Ray keeps the searcher so) proposes what the uninterrupted study
   did; with a fresh sampler it carries on (the trials stored stay, the numbering goes on, no
-  crash). NSGA-II fails it: Optuna 5's sampler holds a threading.Lock, so neither it nor a
-  searcher holding it pickles (an xfail, strict: the day it pickles, the marker must go);
+  crash). Optuna 5's own NSGA-II failed it (its threading.Lock does not pickle):
+  `samplers.nsga2` is the one the search builds;
 - refused and crashed trials do not stop it, and the project's samplers (those that plan
   proposals themselves: `planned.PlannedSampler`) never plan a point that was refused, crashed
   or measured before (the model and the hybrid plan from their first trials here; the plateau
@@ -292,12 +292,7 @@ def test_the_same_seed_gives_the_same_proposals(name: str) -> None:
     assert record(again.get_trials()) == record(run(name))
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, raises=TypeError,
-        reason="Optuna 5's NSGAIISampler holds a threading.Lock and does not pickle, so "
-               "neither does a searcher holding it (SpecOptunaSearch.save)"))
-    if name == "nsga2" else name for name in SAMPLERS])
+@parametrize_sampler
 def test_a_resumed_study_goes_on_where_it_stopped(name: str, tmp_path: Path) -> None:
     half = TRIALS // 2
     journal = tmp_path / "journal.log"
