@@ -14,6 +14,8 @@ line matching any pattern of a kind counts for that kind; the first such line is
 - `arg_check_files`: regexes of the source paths (in traceback frames, `File "..."`) of the
   engine's argument-checking code: a `ValueError` / `TypeError` in a log that shows such a
   frame is an argument error rather than a crash.
+- `arg_lines`: regexes of the lines an engine prints when it refuses an argument without
+  argparse's words or exit code 2 (llama.cpp: `error: invalid argument: --x`, exit 1).
 
 `union(...)` merges several (the classifier's default when it is not told the engine).
 """
@@ -32,6 +34,7 @@ class FailurePatterns:
     kv_memory: tuple[str, ...] = ()
     arg_exceptions: tuple[str, ...] = ()
     arg_check_files: tuple[str, ...] = ()
+    arg_lines: tuple[str, ...] = ()
 
 
 def union(patterns: Iterable[FailurePatterns]) -> FailurePatterns:
@@ -43,4 +46,5 @@ def union(patterns: Iterable[FailurePatterns]) -> FailurePatterns:
 
     return FailurePatterns(oom=merged("oom"), kv_memory=merged("kv_memory"),
                            arg_exceptions=merged("arg_exceptions"),
-                           arg_check_files=merged("arg_check_files"))
+                           arg_check_files=merged("arg_check_files"),
+                           arg_lines=merged("arg_lines"))

