@@ -44,7 +44,7 @@ class BackendConfig:
     profile: str | None = None         # sim only: performance profile name or path
     boot_time_s: float | None = None   # sim only: override the profile's boot time
     # sglang / sim: the SGLang release the servers run (which flags exist; see
-    # backends/sglang.py); None = the installed sglang's, else the one the project checked.
+    # backends/sglang_releases.py); None = the installed sglang's, else the one the project checked.
     engine_version: str | None = None
     # sglang / vllm: the Python that runs the engine's server module (`-m sglang.launch_server`,
     # `-m vllm.entrypoints.openai.api_server`): the engine in its own virtual environment or

@@ -1,6 +1,7 @@
 """What the simulator writes differently for the SGLang release it imitates (`--sglang-version`).
 
-Copies of the SGLang backend's knowledge (`backends/sglang.py`; docs/engines-sglang.md section
+Copies of the SGLang backend's knowledge (`backends/sglang_wire.py`, `sglang_logs.py`,
+`sglang_releases.py`; docs/engines-sglang.md section
 12 names each line's source), so that the tests run the backend's readers on both forms:
 `tests/unit/test_sim_releases.py` holds the copies equal to the backend's.
 
