@@ -13,25 +13,13 @@ with the first failed request's words (HTTP status and the server's message).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
 from ..records import LevelSummary, RequestRecord
+from ..stats import percentile
 from .plan import LevelPlan
 from .saturation import saturation
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks (numpy's
-    default); None for no values. `values` need not be sorted."""
-    if not values:
-        return None
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def _p50_90_99(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:

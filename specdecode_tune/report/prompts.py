@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 
 from .. import store
-from ..load.stats import percentile
+from ..stats import percentile
 from . import render as r
 from .data import Config, RunData
 from .figures import Figure, _colors, _new, _png

@@ -2,7 +2,7 @@
 
 For each configuration shown (the baseline, the best, the runner-up), per closed-loop level:
 tok/s, the fraction of the window's requests that met every latency target with its 95%
-interval over the repeats (`load.slo.fraction_interval`), good requests/s, and whether the
+interval over the repeats (`stats.fraction_interval`), good requests/s, and whether the
 level was saturated (GuideLLM's test, `load.saturation.saturation`) in any of its measurements, in
 which case its tok/s is what an over-full queue gave, not the server's capacity.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from ..load.slo import fraction_interval
 from ..objective import goodput_s
+from ..stats import fraction_interval
 from . import render as r
 from .data import Config, RunData
 from .figures import Figure, _colors, _new, _png
