@@ -11,14 +11,18 @@ summary, a score, the noise band's default) stays with its part; only the arithm
   decisions match GuideLLM's; `load/rounds.py` keeps a table of exact 97.5% quantiles for its
   stop rule, where the approximation is loose at few degrees of freedom);
 - `wilson`, `fraction_interval`: a binomial fraction's 95% interval, for one measurement or over
-  repeats.
+  repeats;
+- `MAD_K`, `mad_sigma`, `moderated_sd`, `pooled_sd`: the spreads behind the objective's robust
+  score and noise band (robust, shrunk towards a prior, pooled over groups).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+MAD_K = 1.4826          # MAD -> standard deviation for normal noise
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -79,3 +83,33 @@ def fraction_interval(counts: Sequence[tuple[int, int]]) -> tuple[float, float, 
     # than Wilson's on the pooled counts.
     wlo, whi = wilson(sum(g for g, _ in counts), sum(n for _, n in counts))
     return mean, max(0.0, min(mean - half, wlo)), min(1.0, max(mean + half, whi))
+
+
+def mad_sigma(values: Sequence[float]) -> float:
+    """MAD_K * the median absolute deviation from the median: a standard deviation for normal
+    noise that one outlier barely moves (0 for a single value)."""
+    med = statistics.median(values)
+    return MAD_K * statistics.median(abs(v - med) for v in values)
+
+
+def moderated_sd(own: float, dof: int, prior: float, prior_dof: int) -> float:
+    """A standard deviation from `dof` residual degrees of freedom of its own, shrunk towards
+    `prior`, which counts as `prior_dof` of them (the moderated variance of empirical Bayes,
+    as limma's)."""
+    return math.sqrt((prior_dof * prior ** 2 + dof * own ** 2) / (prior_dof + dof))
+
+
+def pooled_sd(groups: Iterable[Sequence[float]]) -> float:
+    """The pooled standard deviation of groups around their own medians: each group gives its
+    values' residuals about its median and len - 1 degrees of freedom. ValueError where the
+    groups have none (no group of two or more values)."""
+    residuals: list[float] = []
+    dof = 0
+    for values in groups:
+        med = statistics.median(values)
+        residuals += [v - med for v in values]
+        dof += len(values) - 1
+    if dof <= 0:
+        raise ValueError("pooled_sd needs a group of at least two values")
+    # Mean squared residual about the median, corrected for the centre taken from the data.
+    return math.sqrt(sum(r * r for r in residuals) / dof)
