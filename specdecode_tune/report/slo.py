@@ -16,7 +16,7 @@ from ..objective import goodput_s
 from ..stats import fraction_interval
 from . import render as r
 from .data import Config, RunData
-from .figures import Figure, _colors, _new, _png
+from .figures import Figure, canvas, palette, to_png
 
 
 def _shown(data: RunData) -> list[tuple[str, Config]]:
@@ -89,8 +89,8 @@ def goodput_figure(data: RunData) -> Figure | None:
     if not has_goodput(data):
         return None
     shown = _shown(data)
-    fig, ax = _new()
-    colors = _colors(len(shown))
+    fig, ax = canvas()
+    colors = palette(len(shown))
     drawn = False
     for k, (name, cf) in enumerate(shown):
         xs, ys, lo, hi, sat_x, sat_y = [], [], [], [], [], []
@@ -127,7 +127,7 @@ def goodput_figure(data: RunData) -> Figure | None:
     return Figure("goodput.png", "Goodput per level",
                   "Fraction of each level's requests that met every latency target, with 95% "
                   "intervals over the repeats; red rings: saturated levels (GuideLLM's test).",
-                  _png(fig))
+                  to_png(fig))
 
 
 def figures(data: RunData) -> Sequence[Figure]:
