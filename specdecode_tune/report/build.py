@@ -14,22 +14,17 @@ from ..objective import PRIOR_DOF, pct
 from ..space import STEPS
 from . import predictions, validation
 from . import render as r
-from .data import Config, RunData, band_pct, fmt_value
+from .data import Config, RunData
 from .figures import Figure
 from .recommend import (
     Recommendation,
     Schedule,
-    pct_gain,
     runner_up_line,
     schedule_json,
     schedule_line,
 )
 from .verdicts import AxisVerdict
-
-
-def _short(text: str, limit: int = 120) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+from .words import band_pct, fmt_value, pct_gain, shorten
 
 
 def _x(ratio: float | None) -> str:
@@ -223,7 +218,7 @@ def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
         out.append(r.Table(head, tuple(rows)))
     if v.infeasible:
         out.append(r.Para("Refused by the server, with no usable measurement at that value: "
-                          + "; ".join(f"{fmt_value(val)} ({_short(reason)})"
+                          + "; ".join(f"{fmt_value(val)} ({shorten(reason, 120)})"
                                       for val, reason in v.infeasible) + "."))
     return out
 

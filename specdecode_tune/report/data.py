@@ -36,9 +36,10 @@ from ..config import Experiment, experiment_from_dict
 from ..errors import ConfigError, RunDirError
 from ..objective import MIN_BAND_DOF, Robust, band_dof, noise_band, objective_score
 from ..records import LevelSummary, ServerFacts
-from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
+from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from ..store.files import filesystem as _filesystem
 from ..store.rundir import EXPERIMENT_FILE, experiment_file
+from .words import AXIS_ORDER, describe
 
 BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
 # The search's validation trials of an emitted schedule (search/validate.py): the schedule
@@ -47,8 +48,6 @@ BASELINE_ID = "baseline"             # the search's trial id for the no-speculat
 SCHEDULE_ID, SAME_ID = "schedule", "schedule-same"
 SCHEDULE_IDS = (SCHEDULE_ID, SAME_ID)
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
-# Axes in the order a reader asks about them: steps first (the seed's question).
-AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
 # The plateau sampler's reason for a jump found on one concurrency level's own score starts
 # "plateau at C=<level> on <axis>: " (samplers/plateau/events.py `reason`, per-level mode under
 # a schedule objective); a jump found on the score's plateau, "plateau on <axis>: ".
@@ -425,39 +424,6 @@ def _shown(configs: Sequence[Config], experiment: Experiment | None) -> tuple[st
             if k not in names and len({json.dumps(c.params.get(k)) for c in configs}) > 1:
                 names.append(k)
     return tuple(names)
-
-
-def describe(params: Mapping[str, Any], *, only: Sequence[str] | None = None) -> str:
-    """Short human form of the searched settings: 'steps=4 topk=1 draft=5 mem=0.85'."""
-    if is_baseline(params):
-        return "no speculation (baseline)"
-    keys = [k for k in AXIS_ORDER if k in params] + sorted(
-        k for k in params if k not in AXIS_ORDER)
-    if only is not None:
-        keys = [k for k in keys if k in only]
-    parts = []
-    for k in keys:
-        v = params[k]
-        if v is None or k.startswith("_"):
-            continue
-        parts.append(f"{SHORT_NAMES.get(k, k)}={fmt_value(v)}")
-    return " ".join(parts)
-
-
-def fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def pct_ratio(ratio: float) -> str:
-    """1.018 -> '+1.8%'."""
-    return f"{(ratio - 1) * 100:+.1f}%"
-
-
-def band_pct(band: float) -> str:
-    """A log-units band as the relative ± a reader expects: 0.025 -> '±2.5%'."""
-    return f"±{math.expm1(band) * 100:.1f}%"
 
 
 def _answered(raw: Any) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from ..space import STEPS, TOPK
-from .data import Config, RunData, band_pct, describe
+from .data import Config, RunData
 from .verdicts import curve
+from .words import band_pct, describe
 
 DPI = 110
 _MARKERS = ("o", "s", "^", "D", "v", "P")

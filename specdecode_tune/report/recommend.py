@@ -24,7 +24,8 @@ from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData, band_pct, describe, fmt_value
+from .data import Config, RunData
+from .words import band_pct, describe, pct_gain
 
 
 @dataclass(frozen=True)
@@ -325,10 +326,6 @@ def schedule_line(data: RunData, s: Schedule) -> str:
     return ", ".join(parts)
 
 
-def pct_gain(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.1f}%"
-
-
 def runner_up_line(data: RunData, r: Recommendation) -> str | None:
     if r.runner_up is None or r.runner_delta is None:
         return None
@@ -342,7 +339,6 @@ __all__ = [
     "LevelRow",
     "Recommendation",
     "Schedule",
-    "fmt_value",
     "launch_command",
     "losing_levels",
     "recommend",

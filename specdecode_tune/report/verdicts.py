@@ -29,7 +29,8 @@ from typing import Any
 
 from ..objective import pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData, band_pct, fmt_value
+from .data import Config, RunData
+from .words import band_pct, fmt_value, shorten
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
     if refused:
         # A refusal is a fact about those settings (e.g. that mem fraction), not the value.
         parts.append("refused by the server: " + ", ".join(
-            f"{name}={fmt_value(v)} ({_short(r.split(':')[0], 40)}, {lab})"
+            f"{name}={fmt_value(v)} ({shorten(r.split(':')[0], 40)}, {lab})"
             for v, r, lab in refused))
     mixed = _mixed(data, axis, values, cfs)
     short = "; ".join(parts)
@@ -389,11 +390,6 @@ def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Co
                 s += f"; probe at {name}={fmt_value(vs[i])}{own[i]}: {pct(ys[i] - ys[k])}"
         out.append(s)
     return out
-
-
-def _short(reason: str, limit: int = 90) -> str:
-    reason = " ".join(reason.split())
-    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
 
 
 def verdicts(data: RunData) -> list[AxisVerdict]:
