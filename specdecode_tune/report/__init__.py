@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from ..config import Experiment
 from ..store.rundir import REPORT_DIR, report_dir
 from . import build, figures, prompts, recommend, render, slo, verdicts
-from .data import RunData, RunDirError, read_run
+from .data import RunDirError, read_run
+from .rundata import RunData
 
 
 @dataclass(frozen=True)

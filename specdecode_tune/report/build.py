@@ -14,7 +14,6 @@ from ..objective import PRIOR_DOF, pct
 from ..space import STEPS
 from . import predictions, validation
 from . import render as r
-from .data import Config, RunData
 from .figures import Figure
 from .recommend import (
     Recommendation,
@@ -23,6 +22,7 @@ from .recommend import (
     schedule_json,
     schedule_line,
 )
+from .rundata import Config, RunData
 from .verdicts import AxisVerdict
 from .words import band_pct, fmt_value, pct_gain, shorten
 

@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from ..space import STEPS, TOPK
-from .data import Config, RunData
+from .rundata import Config, RunData
 from .verdicts import curve
 from .words import band_pct, describe
 

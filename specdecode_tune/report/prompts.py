@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from .. import store
 from ..stats import percentile
 from . import render as r
-from .data import Config, RunData
 from .figures import Figure, canvas, palette, to_png
+from .rundata import Config, RunData
 
 MAX_CONFIGS = 4
 

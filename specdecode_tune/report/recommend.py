@@ -24,7 +24,7 @@ from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData
+from .rundata import Config, RunData
 from .words import band_pct, describe, pct_gain
 
 

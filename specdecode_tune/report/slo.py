@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from ..objective import goodput_s
 from ..stats import fraction_interval
 from . import render as r
-from .data import Config, RunData
 from .figures import Figure, canvas, palette, to_png
+from .rundata import Config, RunData
 
 
 def _shown(data: RunData) -> list[tuple[str, Config]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..objective import compare
 from ..space import STEPS, TOPK
-from .data import SAME_ID, SCHEDULE_ID, Config, RunData, Trial
+from .rundata import SAME_ID, SCHEDULE_ID, Config, RunData, Trial
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..objective import pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData
+from .rundata import Config, RunData
 from .words import band_pct, fmt_value, shorten
 
 

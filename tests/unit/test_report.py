@@ -266,7 +266,7 @@ def test_a_levels_probe_inside_its_plateau_or_at_its_best_is_still_marked(
 
 
 def test_the_level_is_read_from_the_reason_the_sampler_writes() -> None:
-    from specdecode_tune.report.data import jump_level
+    from specdecode_tune.report.rundata import jump_level
     from specdecode_tune.samplers.plateau.events import reason
     from specdecode_tune.samplers.plateau.geometry import Plateau
 
