@@ -22,8 +22,8 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from ..space import STEPS, TOPK
+from .curves import curve
 from .rundata import Config, RunData
-from .verdicts import curve
 from .words import band_pct, describe
 
 DPI = 110
