@@ -24,9 +24,10 @@ from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
+from specdecode_tune.report.curves import shape
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.recommend import Schedule, recommend, schedule
-from specdecode_tune.report.verdicts import shape, verdicts
+from specdecode_tune.report.verdicts import verdicts
 from specdecode_tune.space import resolve
 
 EXPERIMENT = """
