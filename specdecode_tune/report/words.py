@@ -41,6 +41,11 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+def fmt_tok(v: float | None) -> str:
+    """A tok/s figure to one decimal; '-' where there is none."""
+    return f"{v:.1f}" if v is not None else "-"
+
+
 def pct_gain(ratio: float) -> str:
     """A tok/s ratio as a signed percentage: 1.018 -> '+1.8%'."""
     return f"{(ratio - 1) * 100:+.1f}%"
