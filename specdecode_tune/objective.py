@@ -14,7 +14,8 @@ lower a configuration's rank, and the ranking chased single boots). The pooled n
 PRIOR_DOF residual degrees of freedom, the configuration's own MAD as n - 1 (the moderated
 variance of empirical Bayes, as limma's). The noise band is two pooled standard deviations of the
 repeats' residuals around their medians; a difference inside it is reported "within noise",
-never as a win.
+never as a win. The arithmetic (the MAD, the moderated and the pooled standard deviation) is the
+package's statistics module's (`stats.py`); what it means for scores is here.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .records import LevelSummary
+from .stats import mad_sigma, moderated_sd, pooled_sd
 
-MAD_K = 1.4826          # MAD -> standard deviation for normal noise
 PRIOR_DOF = 3           # residual degrees of freedom the pooled noise counts as in a spread
 RATIO_FLOOR = 0.01      # a level that produced (almost) nothing scores log(0.01), not -inf
 LATENCY_METRICS = ("ttft_p50", "tpot_p50", "itl_p50", "e2e_p50")
@@ -108,7 +109,7 @@ class Robust:
         if not values:
             raise ValueError("Robust.of needs at least one value")
         med = statistics.median(values)
-        own = MAD_K * statistics.median(abs(v - med) for v in values)
+        own = mad_sigma(values)
         sigma = own if band is None else moderated_sigma(own, len(values) - 1, band / 2.0)
         return cls(n=len(values), median=med, sigma=sigma, score=med - sigma)
 
@@ -116,7 +117,7 @@ class Robust:
 def moderated_sigma(own: float, dof: int, pooled: float) -> float:
     """A configuration's spread from `dof` residual degrees of freedom of its own, shrunk
     towards the pooled standard deviation, which counts as PRIOR_DOF of them."""
-    return math.sqrt((PRIOR_DOF * pooled ** 2 + dof * own ** 2) / (PRIOR_DOF + dof))
+    return moderated_sd(own, dof, pooled, PRIOR_DOF)
 
 
 MIN_BAND_DOF = 3   # residual degrees of freedom below which the measured band says too little
@@ -137,16 +138,9 @@ def noise_band(groups: Iterable[Sequence[float]], default: float) -> float:
     degrees of freedom (`band_dof`) the measurement says too little and `default` is
     returned."""
     repeated = [values for values in groups if len(values) >= 2]
-    dof = band_dof(repeated)
-    if not dof:
+    if not band_dof(repeated):
         return default
-    residuals: list[float] = []
-    for values in repeated:
-        med = statistics.median(values)
-        residuals += [v - med for v in values]
-    # Mean squared residual about the median, corrected for the centre taken from the data.
-    sigma = math.sqrt(sum(r * r for r in residuals) / dof)
-    return min(max(2.0 * sigma, 0.002), 0.5)
+    return min(max(2.0 * pooled_sd(repeated), 0.002), 0.5)
 
 
 def compare(a: float, b: float, band: float) -> str:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     )
     from .scheduler import run_level
     from .sse import SSEError, SSEParser
-    from .stats import DRIFT_LIMIT, gap_drift, level_failure, percentile, summarize
+    from .stats import DRIFT_LIMIT, gap_drift, level_failure, summarize
     from .tally import RequestState, tally_level
     from .workload import Prompt, iter_prompts, make_prompts
 
@@ -56,7 +56,7 @@ __all__ = [
     "API_KINDS", "DRIFT_LIMIT", "Api", "LevelPlan", "Prompt", "RequestState", "SSEError",
     "SSEParser", "error_message", "gap_drift", "interpret_chat", "interpret_completions",
     "iter_prompts", "level_failure", "make_prompts", "measure", "openai_interpreter",
-    "percentile", "run_level", "stream_request", "summarize", "tally_level", "warm_up",
+    "run_level", "stream_request", "summarize", "tally_level", "warm_up",
 ]
 
 

@@ -23,29 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..records import RequestRecord
+from ..stats import t_ppf
 
 # GuideLLM's OverSaturationDetector defaults.
 MIN_TTFT_S = 2.5
 MOE_THRESHOLD = 2.0
 CONFIDENCE = 0.95
 MIN_WINDOW = 5
-
-
-def t_ppf(p: float, dof: float) -> float:
-    """Student's t quantile, by the approximation GuideLLM uses (`approx_t_ppf`: Abramowitz &
-    Stegun 26.2.23 for the normal quantile, then the Cornish-Fisher expansion)."""
-    if dof <= 0:
-        return float("nan")
-    c0, c1, c2 = 2.515517, 0.802853, 0.010328
-    d0, d1, d2 = 1.432788, 0.189269, 0.001308
-    q = p if p < 0.5 else 1.0 - p
-    t = math.sqrt(-2.0 * math.log(q))
-    z = t - ((c2 * t + c1) * t + c0) / (((d2 * t + d1) * t + d0) * t + 1.0)
-    if p < 0.5:
-        z = -z
-    g1 = (z ** 3 + z) / 4.0
-    g2 = (5 * z ** 4 + 16 * z ** 3 + 3 * z ** 2) / 96.0
-    return z + g1 / dof + g2 / (dof * dof)
 
 
 def slope_alert(xs: Sequence[float], ys: Sequence[float]) -> tuple[bool, float | None]:

@@ -7,22 +7,20 @@ not checked. This is vLLM's `--goodput ttft:MS tpot:MS e2el:MS` rule and DistSer
 attainment": a request counts only if all its targets hold. Per level, the figure is the
 fraction of the window's completed requests that were good (`good_fraction`) and the good
 requests per second (`goodput_s`); over repeats of a configuration the fraction gets a 95%
-confidence interval (`fraction_interval`: Student's t over the repeats, never narrower than
-Wilson's interval on the pooled counts; Wilson's alone for a single measurement).
+confidence interval (`stats.fraction_interval`, the package's statistics module: Student's t
+over the repeats, never narrower than Wilson's interval on the pooled counts; Wilson's alone for
+a single measurement).
 
 Whether a level was saturated is `load/saturation.py` (GuideLLM's test).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..records import RequestRecord
-from .saturation import t_ppf
-from .stats import percentile
+from ..stats import percentile
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +53,3 @@ def good_requests(records: Sequence[RequestRecord], slo: Slo) -> tuple[int, int]
     good = sum(1 for r in done if r.error is None and slo.met(r))
     return good, len(done)
 
-
-def wilson(good: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson's score interval of a binomial fraction."""
-    if total <= 0:
-        return 0.0, 1.0
-    p = good / total
-    den = 1 + z * z / total
-    mid = (p + z * z / (2 * total)) / den
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
-
-
-def fraction_interval(counts: Sequence[tuple[int, int]]) -> tuple[float, float, float] | None:
-    """(mean fraction, low, high) over repeats, each given as (good, completed): a 95%
-    Student's t interval over the repeats' fractions when there are two or more, Wilson's on
-    the counts of a single one."""
-    counts = [(g, n) for g, n in counts if n > 0]
-    if not counts:
-        return None
-    if len(counts) == 1:
-        g, n = counts[0]
-        lo, hi = wilson(g, n)
-        return g / n, lo, hi
-    fr = [g / n for g, n in counts]
-    mean = statistics.fmean(fr)
-    half = t_ppf(0.975, len(fr) - 1) * statistics.stdev(fr) / math.sqrt(len(fr))
-    # Repeats that agree by chance (all 100%) give a zero-width t interval: never narrower
-    # than Wilson's on the pooled counts.
-    wlo, whi = wilson(sum(g for g, _ in counts), sum(n for _, n in counts))
-    return mean, max(0.0, min(mean - half, wlo)), min(1.0, max(mean + half, whi))

@@ -13,28 +13,18 @@ with the first failed request's words (HTTP status and the server's message).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
 from ..records import LevelSummary, RequestRecord
+from ..stats import percentile
 from .plan import LevelPlan
 from .saturation import saturation
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks (numpy's
-    default); None for no values. `values` need not be sorted."""
-    if not values:
-        return None
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+Quantiles = tuple[float | None, float | None, float | None]   # p50, p90, p99
 
 
-def _p50_90_99(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
+def _p50_90_99(values: Sequence[float]) -> Quantiles:
     if not values:
         return None, None, None
     v = sorted(values)
@@ -68,58 +58,17 @@ def summarize(
     ok = [r for r in in_win if r.error is None]
     errors = len(in_win) - len(ok)
 
-    ttft = [r.ttft for r in ok if r.ttft is not None]
-    tpot = [
-        (r.latency - r.ttft) / (r.output_tokens - 1)
-        for r in ok
-        if r.ttft is not None and r.output_tokens > 1
-    ]
-    itl = [g for r in ok for g in r.chunk_gaps]
-    e2e = [r.latency for r in ok]
-
-    notes = []
-    accept = acceptance(ok)
-    if accept is None and not ok:
-        before = [r for r in records if r.error is None and not r.in_window and r.verify_ct
-                  and r.end <= span[0]]
-        accept = acceptance(before)
-        if accept is not None:
-            notes.append(f"no request completed in the window: acceptance from the "
-                         f"{len(before)} that completed before it")
-        elif any(r.error is None for r in records) and plan.mode == "closed":
-            notes.append(ACCEPT_UNREAD)
-
-    hist: list[int] = []
-    for r in ok:
-        h = r.accept_histogram
-        if len(h) > len(hist):
-            hist.extend([0] * (len(h) - len(hist)))
-        for i, c in enumerate(h):
-            hist[i] += c
-
+    accept, notes = _level_acceptance(records, ok, span[0], plan)
     failure = level_failure(records)
-    if failure is not None:
-        notes.append(f"no request succeeded, not a measurement: {failure}")
-    if errors:
-        kinds = Counter(r.error for r in in_win if r.error is not None)
-        notes.append("errors: " + ", ".join(f"{k} x{n}" for k, n in kinds.most_common()))
-    outside = sum(1 for r in records if not r.in_window and r.error is not None)
-    if outside:
-        notes.append(f"{outside} failed outside the window")
-    if window_s <= 0:
-        notes.append("empty measurement window")
     drift = gap_drift(records, span[0], span[1])
-    if drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT:
-        notes.append(f"median inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
-                     f"from the first to the second half of the window: the server's speed "
-                     f"changed mid-level (clock throttling?)")
-
+    drifted = drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT
+    notes += _check_notes(records, in_win, failure, window_s, drift if drifted else None)
     sat = saturation(records, span[1]) \
         if plan.mode == "closed" else None
     if sat is not None and sat.saturated:
         notes.append(f"saturated (GuideLLM's test): {sat.why}")
 
-    tt, tp, it, ee = _p50_90_99(ttft), _p50_90_99(tpot), _p50_90_99(itl), _p50_90_99(e2e)
+    tt, tp, it, ee = _latencies(ok)
     return LevelSummary(
         concurrency=plan.level,
         mode=plan.mode,
@@ -135,12 +84,79 @@ def summarize(
         itl_p50=it[0], itl_p90=it[1], itl_p99=it[2],
         e2e_p50=ee[0], e2e_p90=ee[1], e2e_p99=ee[2],
         accept_length=accept,
-        accept_histogram=tuple(hist),
-        suspect=errors > 0 or window_s <= 0 or failure is not None or (
-            drift is not None and not 1 / DRIFT_LIMIT <= drift <= DRIFT_LIMIT),
+        accept_histogram=_histogram(ok),
+        suspect=errors > 0 or window_s <= 0 or failure is not None or drifted,
         note="; ".join(notes),
         saturated=bool(sat and sat.saturated),
     )
+
+
+def _latencies(ok: Sequence[RequestRecord]) -> tuple[Quantiles, Quantiles, Quantiles, Quantiles]:
+    """p50, p90, p99 of TTFT, TPOT, ITL and E2E over the requests that completed in the window
+    without error."""
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    tpot = [
+        (r.latency - r.ttft) / (r.output_tokens - 1)
+        for r in ok
+        if r.ttft is not None and r.output_tokens > 1
+    ]
+    itl = [g for r in ok for g in r.chunk_gaps]
+    e2e = [r.latency for r in ok]
+    return _p50_90_99(ttft), _p50_90_99(tpot), _p50_90_99(itl), _p50_90_99(e2e)
+
+
+def _level_acceptance(records: Sequence[RequestRecord], ok: Sequence[RequestRecord], w0: float,
+                      plan: LevelPlan) -> tuple[float | None, list[str]]:
+    """The level's acceptance from `ok` (its requests that completed in the window without
+    error); where none did, from the ones that completed before the window (`w0`), with a note
+    saying so, or a note on why it is missing."""
+    notes = []
+    accept = acceptance(ok)
+    if accept is None and not ok:
+        before = [r for r in records if r.error is None and not r.in_window and r.verify_ct
+                  and r.end <= w0]
+        accept = acceptance(before)
+        if accept is not None:
+            notes.append(f"no request completed in the window: acceptance from the "
+                         f"{len(before)} that completed before it")
+        elif any(r.error is None for r in records) and plan.mode == "closed":
+            notes.append(ACCEPT_UNREAD)
+    return accept, notes
+
+
+def _histogram(ok: Sequence[RequestRecord]) -> tuple[int, ...]:
+    """The requests' acceptance histograms summed position by position."""
+    hist: list[int] = []
+    for r in ok:
+        h = r.accept_histogram
+        if len(h) > len(hist):
+            hist.extend([0] * (len(h) - len(hist)))
+        for i, c in enumerate(h):
+            hist[i] += c
+    return tuple(hist)
+
+
+def _check_notes(records: Sequence[RequestRecord], in_win: Sequence[RequestRecord],
+                 failure: str | None, window_s: float, drift: float | None) -> list[str]:
+    """The level's checks in words, in this order: no request succeeded (`failure`), errors in
+    the window by kind, failures outside it, an empty window, and the chunk gaps' drift (`drift`:
+    the factor where it is beyond DRIFT_LIMIT, else None)."""
+    notes = []
+    if failure is not None:
+        notes.append(f"no request succeeded, not a measurement: {failure}")
+    kinds = Counter(r.error for r in in_win if r.error is not None)
+    if kinds:
+        notes.append("errors: " + ", ".join(f"{k} x{n}" for k, n in kinds.most_common()))
+    outside = sum(1 for r in records if not r.in_window and r.error is not None)
+    if outside:
+        notes.append(f"{outside} failed outside the window")
+    if window_s <= 0:
+        notes.append("empty measurement window")
+    if drift is not None:
+        notes.append(f"median inter-chunk gap {'rose' if drift > 1 else 'fell'} {drift:.2f}x "
+                     f"from the first to the second half of the window: the server's speed "
+                     f"changed mid-level (clock throttling?)")
+    return notes
 
 
 # The note of a level whose acceptance no request could give (the trial drops it where the

@@ -14,9 +14,12 @@ report is for a person at this machine):
                                  adaptive config, vLLM's --speculative-config, TensorRT-LLM's
                                  draft_len_schedule (where it fits)
 
-Modules: `data` (run dir -> trials, configs, baseline, noise band), `verdicts` (plateau / peak /
-escape in words), `recommend` (best config, command, schedule and its formats), `figures`,
-`render` (Markdown / HTML, atomic writes), `build` (what the report says, in order), `cli`.
+Modules: `data` (run dir -> the values of `rundata`: trials, configs, baseline, noise band),
+`words` (how settings and numbers are written), `curves` (the curve along an axis and its
+shape), `verdicts` (plateau / peak / escape in words), `recommend` (best config, command,
+schedule and its formats), `validation` (the schedule's own boot, level by level), `trials`,
+`predictions`, `slo` and `prompts` (the workload's sections), `figures`, `render` (Markdown /
+HTML, atomic writes), `build` (what the report says, in order), `cli`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field
 from ..config import Experiment
 from ..store.rundir import REPORT_DIR, report_dir
 from . import build, figures, prompts, recommend, render, slo, verdicts
-from .data import RunData, RunDirError, read_run
+from .data import RunDirError, read_run
+from .rundata import RunData
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 `summary_lines` is what a person reads first (and what the search prints at its end): the best
 config and its gain over the baseline per level, the plateau verdict in one sentence, and how
-sure we are (repeats, noise band). `blocks` is the whole report, rendered by `render`.
+sure we are (repeats, noise band). `blocks` is the whole report, rendered by `render`; a section
+with a module of its own comes from there (`validation.blocks`, `predictions.blocks`,
+`trials.blocks`; the workload's sections, `slo` and `prompts`, are added by `write_report_from`).
 """
 
 from __future__ import annotations
@@ -12,39 +14,23 @@ from collections.abc import Sequence
 from ..config import Experiment
 from ..objective import PRIOR_DOF, pct
 from ..space import STEPS
-from . import predictions, validation
+from . import predictions, trials, validation
 from . import render as r
-from .data import Config, RunData, band_pct, fmt_value
 from .figures import Figure
 from .recommend import (
     Recommendation,
     Schedule,
-    pct_gain,
     runner_up_line,
     schedule_json,
     schedule_line,
 )
+from .rundata import RunData
 from .verdicts import AxisVerdict
-
-
-def _short(text: str, limit: int = 120) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+from .words import band_pct, fmt_tok, fmt_value, pct_gain, shorten
 
 
 def _x(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "-"
-
-
-def _tok(v: float | None) -> str:
-    return f"{v:.1f}" if v is not None else "-"
-
-
-def _plateau_why(cf: Config) -> str:
-    """Why the plateau question booted this configuration: its jump, or a jump's bracket."""
-    if cf.jump_reason:
-        return f"jump: {cf.jump_reason}"
-    return cf.bracket_reason or ""
 
 
 def questions_line(data: RunData) -> str:
@@ -80,28 +66,6 @@ def _question_blocks(data: RunData) -> list[r.Block]:
     return out
 
 
-def _counts(data: RunData) -> str:
-    spec = [t for t in data.trials if not t.baseline]
-    by = {s: sum(1 for t in spec if t.status == s) for s in ("ok", "infeasible", "failed",
-                                                            "pruned")}
-    suspect = sum(1 for t in spec if t.status == "ok" and t.suspect)
-    repeats = sum(1 for t in spec if t.repeat > 0)
-    return (f"{len(spec)} trials ({by['ok']} ok, {by['infeasible']} infeasible, "
-            f"{by['failed']} failed, {by['pruned']} pruned; {suspect} suspect; {repeats} "
-            f"re-measurements), {len(data.configs)} usable configurations")
-
-
-def measure_seconds(data: RunData) -> str:
-    """'measuring took 412 s over 11 boots (37 s a boot)': the levels' own seconds (warm-ups
-    included; boots and the pauses between levels not), where the tables record them."""
-    per = [sum(s.level_s for s in t.levels.values() if s.level_s is not None)
-           for t in data.trials if any(s.level_s is not None for s in t.levels.values())]
-    if not per:
-        return ""
-    return (f"measuring took {sum(per):.0f} s over {len(per)} boot(s) "
-            f"({sum(per) / len(per):.0f} s a boot)")
-
-
 def band_text(data: RunData) -> str:
     if data.band_measured:
         n = sum(1 for cf in data.configs if cf.n >= 2)
@@ -135,7 +99,7 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     if best is None:
         why = ("" if data.baseline is not None else
                " (no no-speculation baseline was measured either, so nothing could be scored)")
-        return [f"No usable configuration was measured{why}: {_counts(data)}.",
+        return [f"No usable configuration was measured{why}: {trials.counts(data)}.",
                 "See the report's trial list for the reasons."]
     lines = []
     if data.baseline is None:
@@ -171,8 +135,8 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
         lines.append(checked.why if checked is not None else
                      "The schedule was not validated (no boot of it ran: objective.kind = "
                      "\"schedule\" does that); recommended: the static config.")
-    spent = measure_seconds(data)
-    lines.append(f"Trials: {_counts(data)}" + (f"; {spent}." if spent else "."))
+    spent = trials.measure_seconds(data)
+    lines.append(f"Trials: {trials.counts(data)}" + (f"; {spent}." if spent else "."))
     return lines
 
 
@@ -223,38 +187,8 @@ def _verdict_blocks(data: RunData, v: AxisVerdict) -> list[r.Block]:
         out.append(r.Table(head, tuple(rows)))
     if v.infeasible:
         out.append(r.Para("Refused by the server, with no usable measurement at that value: "
-                          + "; ".join(f"{fmt_value(val)} ({_short(reason)})"
+                          + "; ".join(f"{fmt_value(val)} ({shorten(reason, 120)})"
                                       for val, reason in v.infeasible) + "."))
-    return out
-
-
-def _validation_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
-    out: list[r.Block] = [r.Heading(3, "Validation: the schedule on one server")]
-    v = validation.validate(data, sched.slots)
-    if v is None:
-        return out + [r.Para("No validation trial: the per-level figures above come from a "
-                             "boot per config, not from one server running the schedule. "
-                             "Run the search with objective.kind = \"schedule\" to boot it "
-                             "once; until then the static config is the recommendation.")]
-    head, rows = validation.table(data, v)
-    t = v.trial
-    out.append(r.Para(
-        f"Trial `{t.trial_id}` (a row of the trials table, sampler \"schedule\", with its "
-        f"levels) booted the emitted schedule once"
-        + (f" (running limit {t.facts.max_running_requests})"
-           if t.facts.max_running_requests else "")
-        + ". Per level: the schedule against the best static config, the best config measured "
-          "for that level alone, and its own tier (the static chain with the steps it runs "
-          "there; below it beyond noise is a threshold collapse); the last column is the mode's "
-          "own cost, the static config's steps in every slot against the static server. "
-          "Verdicts use each level's noise band."))
-    out.append(r.Table(head, rows))
-    collapses = [k.c for k in v.checks if k.collapse]
-    if collapses:
-        out.append(r.Para("Threshold collapse at " + ", ".join(f"C={c}" for c in collapses)
-                          + ": the schedule runs below the static server with the same steps, "
-                            "beyond noise."))
-    out.append(r.Para(v.why))
     return out
 
 
@@ -268,7 +202,7 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
         if e.within_noise:
             gain += f" (within noise, {band_pct(data.level_bands.get(e.c, data.band))})"
         emitted = next((x for x in sched.chain if x.c == e.c), None)
-        rows.append((f"C={e.c}", data.label(e.config.params), _tok(e.tok_s), gain,
+        rows.append((f"C={e.c}", data.label(e.config.params), fmt_tok(e.tok_s), gain,
                      "-" if emitted is None else "no speculation" if emitted.steps == 0
                      else f"steps={emitted.steps}"))
     out.append(r.Para("For each measured concurrency level, the measured configuration with "
@@ -284,7 +218,7 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
                              "validation trial boots one.")]
     if sched.notes:
         out.append(r.Bullets(sched.notes))
-    out += _validation_blocks(data, sched)
+    out += validation.blocks(data, sched.slots)
     for f in sched.files:      # each engine's file, as its backend wrote it
         out.append(r.Heading(3, f.title))
         out.append(r.Para(f.about))
@@ -295,42 +229,28 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
     return out
 
 
-def _trial_blocks(data: RunData) -> list[r.Block]:
-    out: list[r.Block] = [r.Heading(2, "Trials"), r.Para(_counts(data) + ".")]
-    out.append(r.Heading(3, "Configurations, best first"))
-    if data.configs:
-        head = ("#", "config", "n", "score (median)", "median - spread") + tuple(
-            f"C={c} tok/s" for c in data.levels) + ("plateau question (why it was booted)",)
-        rows = []
-        for i, cf in enumerate(data.configs, start=1):
-            rows.append((str(i), data.label(cf.params), str(cf.n), f"{cf.robust.median:+.3f}",
-                         f"{cf.robust.score:+.3f}")
-                        + tuple(_tok(cf.tok_s(c)) for c in data.levels)
-                        + (_plateau_why(cf),))
-        out.append(r.Table(head, tuple(rows)))
-    else:
-        out.append(r.Para("None."))
-    out.append(r.Heading(3, "Suspect trials (left out of every figure of merit)"))
-    sus = [t for t in data.trials if t.status == "ok" and t.suspect]
-    out.append(r.Table(("trial", "config", "why"), tuple(
-        (t.trial_id, data.label(t.params), t.suspect_why) for t in sus)) if sus
-        else r.Para("None."))
-    out.append(r.Heading(3, "Infeasible, failed and pruned trials"))
-    bad = [t for t in data.trials if t.status != "ok"]
-    out.append(r.Table(("trial", "config", "status", "reason"), tuple(
-        (t.trial_id, data.label(t.params), t.status, t.reason) for t in bad)) if bad
-        else r.Para("None."))
-    incomplete = [t for t in data.trials if t.status == "ok" and not t.suspect
-                  and t.score is None]
-    if incomplete:
-        out.append(r.Para("Measured but unscored (a weighted level is missing): "
-                          + ", ".join(t.trial_id for t in incomplete) + "."))
-    return out
-
-
 def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
            sched: Schedule, figures: Sequence[Figure], summary: Sequence[str]
            ) -> list[r.Block]:
+    """The whole report in order: the summary and where the figures come from, the
+    recommendation, the schedule, the plateau verdicts, the figures, the predictions, the
+    trials and how the figures are computed."""
+    out = _head_blocks(data, summary)
+    out += _recommendation_blocks(data, rec)
+    out += _schedule_blocks(data, sched)
+    out += _verdicts_section(data, verdicts)
+    out.append(r.Heading(2, "Figures"))
+    if not figures:
+        out.append(r.Para("No figure: nothing usable was measured."))
+    out += [r.Image(f.name, f.title, f.caption) for f in figures]
+    out += predictions.blocks(data)
+    out += trials.blocks(data)
+    out += _method_blocks(data.experiment)
+    return out
+
+
+def _head_blocks(data: RunData, summary: Sequence[str]) -> list[r.Block]:
+    """The title, the ten-second summary and where the figures come from."""
     exp = data.experiment
     out: list[r.Block] = [r.Heading(1, f"Speculative-decoding report: {data.name}")]
     out.append(r.Bullets(tuple(summary)))
@@ -343,39 +263,46 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
     else:
         src += f"; {data.experiment_note}"
     out.append(r.Para(src + "."))
+    return out
 
-    out.append(r.Heading(2, "Recommendation"))
+
+def _recommendation_blocks(data: RunData, rec: Recommendation) -> list[r.Block]:
+    """The best static config, its launch command and its figures per level."""
+    out: list[r.Block] = [r.Heading(2, "Recommendation")]
     if rec.config is None:
         out.append(r.Para("No feasible configuration was measured."))
+        return out
+    best = rec.config
+    out.append(r.Para(
+        f"Best static config for the objective (highest median - spread of its "
+        f"scores over {best.n} measurement(s), suspect trials left out): "
+        f"`{data.label(best.params)}`, score {best.robust.median:+.3f} "
+        f"({pct(best.robust.median)} weighted vs no speculation: {rec.vs_baseline})."))
+    if rec.command:
+        out.append(r.Code(rec.command, "sh"))
     else:
-        best = rec.config
-        out.append(r.Para(
-            f"Best static config for the objective (highest median - spread of its "
-            f"scores over {best.n} measurement(s), suspect trials left out): "
-            f"`{data.label(best.params)}`, score {best.robust.median:+.3f} "
-            f"({pct(best.robust.median)} weighted vs no speculation: {rec.vs_baseline})."))
-        if rec.command:
-            out.append(r.Code(rec.command, "sh"))
-        else:
-            out.append(r.Para(rec.command_note + "."))
-        rows = tuple((f"C={row.c}", _tok(row.tok_s),
-                      f"+-{row.precision:.1%}" if row.precision is not None else "-",
-                      f"{_tok(row.lo)} - {_tok(row.hi)}" if row.n > 1 else "-", str(row.n),
-                      _tok(row.base), _x(row.speedup),
-                      f"{row.accept:.2f}" if row.accept is not None else "-",
-                      f"{row.level_s:.0f}" if row.level_s is not None else "-")
-                     for row in rec.rows)
-        out.append(r.Table(("level", "tok/s (median)", "known to (95%)", "min - max", "n",
-                            "baseline tok/s", "speedup", "accept length", "level s"), rows))
-        missing = [f"C={row.c}: {row.accept_why}" for row in rec.rows if row.accept_why]
-        if missing:
-            out.append(r.Para("Acceptance not read: " + "; ".join(missing) + "."))
-        ru = runner_up_line(data, rec)
-        if ru:
-            out.append(r.Para(ru[0].upper() + ru[1:] + "."))
-    out += _schedule_blocks(data, sched)
+        out.append(r.Para(rec.command_note + "."))
+    rows = tuple((f"C={row.c}", fmt_tok(row.tok_s),
+                  f"+-{row.precision:.1%}" if row.precision is not None else "-",
+                  f"{fmt_tok(row.lo)} - {fmt_tok(row.hi)}" if row.n > 1 else "-", str(row.n),
+                  fmt_tok(row.base), _x(row.speedup),
+                  f"{row.accept:.2f}" if row.accept is not None else "-",
+                  f"{row.level_s:.0f}" if row.level_s is not None else "-")
+                 for row in rec.rows)
+    out.append(r.Table(("level", "tok/s (median)", "known to (95%)", "min - max", "n",
+                        "baseline tok/s", "speedup", "accept length", "level s"), rows))
+    missing = [f"C={row.c}: {row.accept_why}" for row in rec.rows if row.accept_why]
+    if missing:
+        out.append(r.Para("Acceptance not read: " + "; ".join(missing) + "."))
+    ru = runner_up_line(data, rec)
+    if ru:
+        out.append(r.Para(ru[0].upper() + ru[1:] + "."))
+    return out
 
-    out.append(r.Heading(2, "Plateau verdicts"))
+
+def _verdicts_section(data: RunData, verdicts: Sequence[AxisVerdict]) -> list[r.Block]:
+    """Each axis's verdict, then which plateau questions a boot or the model answered."""
+    out: list[r.Block] = [r.Heading(2, "Plateau verdicts")]
     out.append(r.Para(
         f"From the measured data, per ordinal parameter that varied. Curves use the best "
         f"configuration at each value (like with like when other settings vary); differences "
@@ -386,14 +313,13 @@ def blocks(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVerdict],
     for v in verdicts:
         out += _verdict_blocks(data, v)
     out += _question_blocks(data)
+    return out
 
-    out.append(r.Heading(2, "Figures"))
-    if not figures:
-        out.append(r.Para("No figure: nothing usable was measured."))
-    out += [r.Image(f.name, f.title, f.caption) for f in figures]
-    out += predictions.blocks(data)
-    out += _trial_blocks(data)
-    out.append(r.Heading(2, "How the figures are computed"))
+
+def _method_blocks(exp: Experiment | None) -> list[r.Block]:
+    """How the figures are computed: the score, the robust score, the levels, the noise band
+    and the verdicts' terms."""
+    out: list[r.Block] = [r.Heading(2, "How the figures are computed")]
     out.append(r.Bullets((
         ("Score of a trial: the weighted mean over concurrency levels of log(tok/s / baseline "
          "tok/s at that level), weights from the experiment's objective; 0 is the baseline, "

@@ -1,12 +1,10 @@
 """A run dir read back for the report: trials, configurations, the baseline and the noise band.
 
-Everything here is computed from the run's tables (`store.read_tables`), not from the
-sampler's memory, so a report of a killed or resumed search says what was measured:
+`read_run` makes the values of `rundata.py` (`Trial`, `Config`, `RunData`: what a trial, a
+configuration and the baseline are is said there). Everything here is computed from the run's
+tables (`store.read_tables`), not from the sampler's memory, so a report of a killed or resumed
+search says what was measured:
 
-- a *trial* is one server boot (a row of the trials table with its levels);
-- a *configuration* groups the trials that share a `config_key` (the first measurement and its
-  re-measurements); only trials with status "ok" that are not suspect count towards it;
-- the *baseline* is the no-speculation server (trial id "baseline", or steps = 0);
 - scores are recomputed from the levels against the baseline with `objective.scalar_score`
   (the experiment's weights), so a report never depends on how the search scored; a run
   without a baseline falls back to the scores in the trials table;
@@ -21,11 +19,9 @@ import dataclasses
 import json
 import math
 import os
-import re
 import statistics
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,201 +30,15 @@ import pyarrow.fs as pafs
 from .. import store
 from ..config import Experiment, experiment_from_dict
 from ..errors import ConfigError, RunDirError
-from ..objective import MIN_BAND_DOF, Robust, band_dof, noise_band, objective_score
+from ..objective import Robust, band_dof, closed_levels, noise_band, objective_score
 from ..records import LevelSummary, ServerFacts
-from ..space import DRAFT, MEM, SHORT_NAMES, STEPS, TOPK, is_baseline
+from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from ..store.files import filesystem as _filesystem
 from ..store.rundir import EXPERIMENT_FILE, experiment_file
+from .rundata import BASELINE_ID, SCHEDULE_IDS, Config, RunData, Trial
+from .words import AXIS_ORDER
 
-BASELINE_ID = "baseline"             # the search's trial id for the no-speculation run
-# The search's validation trials of an emitted schedule (search/validate.py): the schedule
-# server, and the same mode with one steps everywhere (the cost of the mode itself). They are
-# not static configurations: kept out of `configs`, in `schedule_trials`.
-SCHEDULE_ID, SAME_ID = "schedule", "schedule-same"
-SCHEDULE_IDS = (SCHEDULE_ID, SAME_ID)
 DEFAULT_BAND = 0.025                 # objective's default relative band, without an experiment
-# Axes in the order a reader asks about them: steps first (the seed's question).
-AXIS_ORDER = (STEPS, TOPK, DRAFT, MEM)
-# The plateau sampler's reason for a jump found on one concurrency level's own score starts
-# "plateau at C=<level> on <axis>: " (samplers/plateau/events.py `reason`, per-level mode under
-# a schedule objective); a jump found on the score's plateau, "plateau on <axis>: ".
-_LEVEL_JUMP = re.compile(r"plateau at C=(\d+) on ")
-
-
-def jump_level(reason: str | None) -> int | None:
-    """The concurrency level whose own plateau a jump probed (from its reason); None for a jump
-    on the score's plateau, or no jump."""
-    m = _LEVEL_JUMP.match(reason or "")
-    return None if m is None else int(m.group(1))
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One server boot as the report sees it."""
-
-    trial_id: str
-    config_key: str
-    repeat: int
-    status: str
-    reason: str
-    params: dict[str, Any]
-    levels: dict[int, LevelSummary]   # closed-loop levels by concurrency
-    facts: ServerFacts
-    suspect: bool                     # the trial or one of its levels is suspect
-    suspect_why: str
-    score: float | None               # vs the baseline; None when a weighted level is missing
-    jump_reason: str | None           # set when the plateau sampler proposed it as a jump
-    bracket_reason: str | None        # set when the hybrid booted it as a jump's bracket
-    order: int                        # completion order among all trials, 0-based
-    finished_at: datetime | None
-    # Plateau questions the sampler's model answered without a boot while this trial was
-    # proposed (the trials table's `plateau_answered`); () where none.
-    plateau_answered: tuple[str, ...] = ()
-
-    @property
-    def baseline(self) -> bool:
-        return self.trial_id == BASELINE_ID or is_baseline(self.params)
-
-    @property
-    def usable(self) -> bool:
-        """Counts towards its configuration's figures (and the verdicts)."""
-        return self.status == "ok" and not self.suspect and self.score is not None
-
-
-@dataclass(frozen=True)
-class Config:
-    """One configuration: its usable trials (first measurement and re-measurements)."""
-
-    key: str
-    params: dict[str, Any]
-    trials: tuple[Trial, ...]
-    robust: Robust
-
-    @property
-    def n(self) -> int:
-        return len(self.trials)
-
-    @property
-    def jump(self) -> bool:
-        return any(t.jump_reason for t in self.trials)
-
-    @property
-    def jump_reason(self) -> str | None:
-        return next((t.jump_reason for t in self.trials if t.jump_reason), None)
-
-    @property
-    def bracket_reason(self) -> str | None:
-        return next((t.bracket_reason for t in self.trials if t.bracket_reason), None)
-
-    @property
-    def jump_level(self) -> int | None:
-        """The level whose own plateau this config probed; None for the score's, or no jump."""
-        return jump_level(self.jump_reason)
-
-    def values(self, c: int) -> list[float]:
-        return [t.levels[c].output_tok_s for t in self.trials if c in t.levels]
-
-    def tok_s(self, c: int) -> float | None:
-        """Median output tok/s at level c over the repeats."""
-        v = self.values(c)
-        return statistics.median(v) if v else None
-
-    def tok_s_range(self, c: int) -> tuple[float, float] | None:
-        v = self.values(c)
-        return (min(v), max(v)) if v else None
-
-    def accept(self, c: int) -> float | None:
-        v = [a for t in self.trials if c in t.levels
-             for a in [t.levels[c].accept_length] if a is not None]
-        return statistics.median(v) if v else None
-
-    def precision(self, c: int) -> float | None:
-        """The widest relative 95% half-width of tok/s at level c over the repeats measured
-        in rounds (measure.precision); None where none was."""
-        v = [p for t in self.trials if c in t.levels
-             for p in [t.levels[c].precision] if p is not None]
-        return max(v) if v else None
-
-    def level_s(self, c: int) -> float | None:
-        """Median seconds level c took (warm-up included) over the repeats that say."""
-        v = [s for t in self.trials if c in t.levels
-             for s in [t.levels[c].level_s] if s is not None]
-        return statistics.median(v) if v else None
-
-    def accept_why(self, c: int) -> str | None:
-        """Where no repeat has an acceptance at level c: the level's own words on it."""
-        if self.accept(c) is not None:
-            return None
-        notes = [part.strip() for t in self.trials if c in t.levels
-                 for part in t.levels[c].note.split(";") if "acceptance" in part]
-        return notes[0] if notes else None
-
-    def fact(self, name: str) -> float | None:
-        v = [getattr(t.facts, name) for t in self.trials if getattr(t.facts, name) is not None]
-        return statistics.median(v) if v else None
-
-    def param(self, name: str) -> Any:
-        return self.params.get(name)
-
-
-@dataclass(frozen=True)
-class RunData:
-    """Everything the report says, read from one run dir."""
-
-    run_dir: str
-    experiment: Experiment | None
-    experiment_note: str              # why there is no experiment, when there is none
-    trials: tuple[Trial, ...]         # every trial, baseline included, in completion order
-    baseline: Config | None
-    configs: tuple[Config, ...]       # speculative configs, best robust score first
-    levels: tuple[int, ...]           # measured closed-loop concurrencies, ascending
-    weights: dict[int, float]
-    band: float                       # noise band of scores (log units)
-    band_dof: int                     # residual degrees of freedom behind it (0: the default)
-    level_bands: dict[int, float]
-    axes: tuple[str, ...]             # ordinal parameters that vary across configs
-    shown: tuple[str, ...] = ()       # parameters a label shows (searched or varying)
-    name: str = ""
-    extra_notes: tuple[str, ...] = field(default=())
-    schedule_trials: tuple[Trial, ...] = ()   # the validation trials, by SCHEDULE_IDS
-
-    @property
-    def model_answers(self) -> list[str]:
-        """The plateau questions the model answered without a boot, in the order asked."""
-        return [s for t in sorted(self.trials, key=lambda t: t.order)
-                for s in t.plateau_answered]
-
-    @property
-    def booted_questions(self) -> list[tuple[str, str]]:
-        """(trial id, why) of each boot a plateau question made: a jump (its reason, which
-        says why the model could not answer it, or that it checks a model answer) or a
-        jump's bracket; in completion order, first measurements only."""
-        out = []
-        for t in sorted(self.trials, key=lambda t: t.order):
-            if t.repeat == 0 and (t.jump_reason or t.bracket_reason):
-                out.append((t.trial_id, t.jump_reason or t.bracket_reason or ""))
-        return out
-
-    def schedule_trial(self, trial_id: str) -> Trial | None:
-        """The last validation trial of that id that measured every level."""
-        found = [t for t in self.schedule_trials if t.trial_id == trial_id]
-        return found[-1] if found else None
-
-    @property
-    def band_measured(self) -> bool:
-        return self.band_dof >= MIN_BAND_DOF
-
-    @property
-    def best(self) -> Config | None:
-        return self.configs[0] if self.configs else None
-
-    def base_tok_s(self, c: int) -> float | None:
-        return self.baseline.tok_s(c) if self.baseline is not None else None
-
-    def label(self, params: Mapping[str, Any]) -> str:
-        """The settings a reader compares (searched or varying), not every fixed flag; the
-        launch command has them all."""
-        return describe(params, only=self.shown or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,10 +78,6 @@ def load_experiment_from_run(run_dir: str) -> tuple[Experiment | None, str]:
         return None, f"{EXPERIMENT_FILE} in the run dir could not be loaded ({e})"
 
 
-def _closed(levels: Iterable[LevelSummary]) -> dict[int, LevelSummary]:
-    return {s.concurrency: s for s in levels if s.mode == "closed"}
-
-
 def _median_levels(trials: Sequence[Trial]) -> list[LevelSummary]:
     """Per-level summaries with the median tok/s over `trials` (the baseline's repeats)."""
     out = []
@@ -300,6 +106,28 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     note = ""
     if experiment is None:
         experiment, note = load_experiment_from_run(run_dir)
+    raw = _raw_trials(run_dir)
+    base_rows = [r for r in raw if _is_base(r) and r["status"] == "ok" and not r["suspect"]
+                 and r["levels"]]
+    measured_levels = sorted({c for r in raw if r["status"] == "ok" for c in r["levels"]})
+    weights = _weights(experiment, base_rows, measured_levels)
+    base_trials = [_trial(r, 0.0) for r in base_rows]
+    trials = _scored(raw, base_trials, experiment, weights)
+    configs, band, dof = _configs(trials, experiment)
+    return RunData(run_dir=run_dir, experiment=experiment, experiment_note=note,
+                   trials=tuple(trials), baseline=_baseline(base_trials),
+                   configs=tuple(configs), levels=tuple(measured_levels),
+                   weights=dict(weights), band=band, band_dof=dof,
+                   level_bands=_level_bands(configs, measured_levels, band),
+                   axes=_axes(configs, experiment), shown=_shown(configs, experiment),
+                   name=experiment.name if experiment is not None
+                   else os.path.basename(run_dir.rstrip("/")),
+                   schedule_trials=tuple(t for t in trials if t.trial_id in SCHEDULE_IDS))
+
+
+def _raw_trials(run_dir: str) -> list[dict[str, Any]]:
+    """Each row of the trials table with its closed-loop levels, as `Trial`'s fields (and the
+    table's score), in completion order; RunDirError where the table is empty."""
     tables = store.read_tables(run_dir)
     if tables.trials.num_rows == 0:
         raise RunDirError(f"{run_dir}: no trials recorded (tables/trials is empty)")
@@ -308,10 +136,9 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     # Completion order: finished_at where the search recorded it, else the table's order.
     rows = sorted(enumerate(rows), key=lambda ir: (
         ir[1]["finished_at"] is None, ir[1]["finished_at"] or datetime.min, ir[0]))
-
     raw: list[dict[str, Any]] = []
     for order, (_, row) in enumerate(rows):
-        lv = _closed(levels_by.get(row["trial_id"], ()))
+        lv = closed_levels(levels_by.get(row["trial_id"], ()))
         facts = ServerFacts(max_total_num_tokens=row["max_total_num_tokens"],
                             max_running_requests=row["max_running_requests"],
                             gpu_ids=tuple(row["gpu_ids"]), boot_s=row["boot_s"],
@@ -326,25 +153,37 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                     "bracket_reason": row.get("bracket_reason") or None,
                     "plateau_answered": _answered(row.get("plateau_answered")),
                     "order": order, "finished_at": row["finished_at"]})
+    return raw
 
-    base_rows = [r for r in raw if (r["trial_id"] == BASELINE_ID or is_baseline(r["params"]))
-                 and r["status"] == "ok" and not r["suspect"] and r["levels"]]
-    measured_levels = sorted({c for r in raw if r["status"] == "ok" for c in r["levels"]})
+
+def _is_base(r: dict[str, Any]) -> bool:
+    """A raw trial of the no-speculation baseline (`Trial.baseline`)."""
+    return r["trial_id"] == BASELINE_ID or is_baseline(r["params"])
+
+
+def _trial(r: dict[str, Any], score: float | None) -> Trial:
+    fields = {k: v for k, v in r.items() if k != "table_score"}
+    return Trial(score=score, **fields)
+
+
+def _weights(experiment: Experiment | None, base_rows: Sequence[dict[str, Any]],
+             measured_levels: Sequence[int]) -> dict[int, float]:
+    """The experiment's level weights; without one, every level the baseline measured (else
+    every level measured) weighs 1."""
     if experiment is not None:
-        weights = experiment.level_weights()
-    else:
-        weights = {c: 1.0 for c in (sorted({c for r in base_rows for c in r["levels"]})
-                                    or measured_levels)}
+        return experiment.level_weights()
+    return {c: 1.0 for c in (sorted({c for r in base_rows for c in r["levels"]})
+                             or measured_levels)}
 
-    def make(r: dict[str, Any], score: float | None) -> Trial:
-        fields = {k: v for k, v in r.items() if k != "table_score"}
-        return Trial(score=score, **fields)
 
-    base_trials = [make(r, 0.0) for r in base_rows]
+def _scored(raw: Sequence[dict[str, Any]], base_trials: Sequence[Trial],
+            experiment: Experiment | None, weights: Mapping[int, float]) -> list[Trial]:
+    """Every trial with its score against the baseline's median levels (the baseline's own is
+    0); without a baseline, the score the trials table recorded."""
     base_levels = _median_levels(base_trials) if base_trials else None
     trials: list[Trial] = []
     for r in raw:
-        if r["trial_id"] == BASELINE_ID or is_baseline(r["params"]):
+        if _is_base(r):
             score: float | None = 0.0 if r["status"] == "ok" else None
         elif base_levels is not None:
             kind = experiment.objective.kind if experiment is not None else "scalar"
@@ -352,12 +191,21 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
                 if r["status"] == "ok" else None
         else:
             score = r["table_score"]
-        trials.append(make(r, score))
+        trials.append(_trial(r, score))
+    return trials
 
-    baseline = None
-    if base_trials:
-        baseline = Config(key=base_trials[0].config_key, params=dict(base_trials[0].params),
-                          trials=tuple(base_trials), robust=Robust.of([0.0] * len(base_trials)))
+
+def _baseline(base_trials: Sequence[Trial]) -> Config | None:
+    if not base_trials:
+        return None
+    return Config(key=base_trials[0].config_key, params=dict(base_trials[0].params),
+                  trials=tuple(base_trials), robust=Robust.of([0.0] * len(base_trials)))
+
+
+def _configs(trials: Sequence[Trial], experiment: Experiment | None
+             ) -> tuple[list[Config], float, int]:
+    """(the speculative configurations, best first; the noise band of scores; its residual
+    degrees of freedom) from the usable trials, the schedule's validation trials left out."""
     groups: dict[str, list[Trial]] = {}
     for t in trials:
         if t.usable and not t.baseline and t.trial_id not in SCHEDULE_IDS:
@@ -373,19 +221,17 @@ def read_run(run_dir: str, experiment: Experiment | None = None) -> RunData:
     # Best first; ties go to fewer steps (cheaper drafting), then the earlier measurement.
     configs.sort(key=lambda cf: (-cf.robust.score, -cf.robust.median,
                                  _num(cf.param(STEPS)), cf.trials[0].order))
+    return configs, band, dof
+
+
+def _level_bands(configs: Sequence[Config], levels: Sequence[int], band: float
+                 ) -> dict[int, float]:
+    """Each level's noise band from the repeats' log tok/s there (`band` when too few)."""
     level_bands = {}
-    for c in measured_levels:
+    for c in levels:
         groups_c = [[math.log(v) for v in cf.values(c) if v > 0] for cf in configs]
         level_bands[c] = noise_band(groups_c, band)
-
-    return RunData(run_dir=run_dir, experiment=experiment, experiment_note=note,
-                   trials=tuple(trials), baseline=baseline, configs=tuple(configs),
-                   levels=tuple(measured_levels), weights=dict(weights), band=band,
-                   band_dof=dof, level_bands=level_bands, axes=_axes(configs, experiment),
-                   shown=_shown(configs, experiment),
-                   name=experiment.name if experiment is not None
-                   else os.path.basename(run_dir.rstrip("/")),
-                   schedule_trials=tuple(t for t in trials if t.trial_id in SCHEDULE_IDS))
+    return level_bands
 
 
 def _num(value: Any) -> float:
@@ -425,39 +271,6 @@ def _shown(configs: Sequence[Config], experiment: Experiment | None) -> tuple[st
             if k not in names and len({json.dumps(c.params.get(k)) for c in configs}) > 1:
                 names.append(k)
     return tuple(names)
-
-
-def describe(params: Mapping[str, Any], *, only: Sequence[str] | None = None) -> str:
-    """Short human form of the searched settings: 'steps=4 topk=1 draft=5 mem=0.85'."""
-    if is_baseline(params):
-        return "no speculation (baseline)"
-    keys = [k for k in AXIS_ORDER if k in params] + sorted(
-        k for k in params if k not in AXIS_ORDER)
-    if only is not None:
-        keys = [k for k in keys if k in only]
-    parts = []
-    for k in keys:
-        v = params[k]
-        if v is None or k.startswith("_"):
-            continue
-        parts.append(f"{SHORT_NAMES.get(k, k)}={fmt_value(v)}")
-    return " ".join(parts)
-
-
-def fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def pct_ratio(ratio: float) -> str:
-    """1.018 -> '+1.8%'."""
-    return f"{(ratio - 1) * 100:+.1f}%"
-
-
-def band_pct(band: float) -> str:
-    """A log-units band as the relative ± a reader expects: 0.025 -> '±2.5%'."""
-    return f"±{math.expm1(band) * 100:.1f}%"
 
 
 def _answered(raw: Any) -> tuple[str, ...]:

@@ -3,6 +3,9 @@
 Each function returns a `Figure` value (file name, caption, PNG bytes) or None when the run has
 no data for it. Curves "against steps" use the best configuration at each steps value (per topk
 when several were tried), the same rule the verdicts use, and say so in their captions.
+
+`canvas`, `palette` and `to_png` are public: the workload's sections (`slo.py`, `prompts.py`)
+draw their figures with them, so every figure has the same size, colours and byte-stable PNG.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
 from ..space import STEPS, TOPK
-from .data import Config, RunData, band_pct, describe
-from .verdicts import curve
+from .curves import curve
+from .rundata import Config, RunData
+from .words import band_pct, describe
 
 DPI = 110
 _MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -35,21 +39,24 @@ class Figure:
     png: bytes
 
 
-def _new(width: float = 7.5, height: float = 4.5, rows: int = 1) -> tuple[MplFigure, Any]:
+def canvas(width: float = 7.5, height: float = 4.5, rows: int = 1) -> tuple[MplFigure, Any]:
+    """A figure on its own Agg canvas (no pyplot state) and its axes: one, or `rows` sharing x."""
     fig = MplFigure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, 1, sharex=True) if rows > 1 else fig.subplots()
     return fig, axes
 
 
-def _png(fig: MplFigure) -> bytes:
+def to_png(fig: MplFigure) -> bytes:
+    """The figure as PNG bytes."""
     buf = io.BytesIO()
     # No timestamps in the metadata, so the same data gives the same bytes.
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
 
 
-def _colors(n: int) -> list[Any]:
+def palette(n: int) -> list[Any]:
+    """`n` colours, one a line (a level, a configuration)."""
     # Distinct hues for up to ten levels (a sequential map made neighbours hard to tell apart).
     from matplotlib import colormaps
     if n <= 10:
@@ -106,8 +113,8 @@ def tok_s_vs_steps(data: RunData) -> Figure | None:
     series = [(k, pts) for k, pts in _series(data) if pts]
     if not series:
         return None
-    fig, ax = _new(9.0 if len(series) > 1 else 7.5, 4.8)
-    colors = dict(zip(data.levels, _colors(len(data.levels))))
+    fig, ax = canvas(9.0 if len(series) > 1 else 7.5, 4.8)
+    colors = dict(zip(data.levels, palette(len(data.levels))))
     for si, (topk, pts) in enumerate(series):
         for c in data.levels:
             # (steps, median tok/s, config, (min, max) tok/s) where measured at c
@@ -149,7 +156,7 @@ def tok_s_vs_steps(data: RunData) -> Figure | None:
                                  "when several were tried); shaded: min-max over repeats; "
                                  "dashed horizontal lines: the no-speculation baseline at the "
                                  "same level, in the level's colour; black stars: plateau "
-                                 "jumps; red x: infeasible steps values."), _png(fig))
+                                 "jumps; red x: infeasible steps values."), to_png(fig))
 
 
 def accept_vs_steps(data: RunData) -> Figure | None:
@@ -157,8 +164,8 @@ def accept_vs_steps(data: RunData) -> Figure | None:
     if not any(cf.accept(c) is not None for _, pts in series for _, cf in pts
                for c in data.levels):
         return None
-    fig, ax = _new()
-    colors = dict(zip(data.levels, _colors(len(data.levels))))
+    fig, ax = canvas()
+    colors = dict(zip(data.levels, palette(len(data.levels))))
     xs_all: set[Any] = set()
     for si, (topk, pts) in enumerate(series):
         for c in data.levels:
@@ -179,7 +186,7 @@ def accept_vs_steps(data: RunData) -> Figure | None:
     ax.legend(fontsize=7, ncols=2)
     return Figure("accept_vs_steps.png", "Acceptance length against speculative_num_steps",
                   _steps_caption(data, "Median acceptance length of each level's measurement "
-                                 "window; dotted: the ceiling steps + 1."), _png(fig))
+                                 "window; dotted: the ceiling steps + 1."), to_png(fig))
 
 
 def kv_vs_steps(data: RunData) -> Figure | None:
@@ -187,7 +194,7 @@ def kv_vs_steps(data: RunData) -> Figure | None:
           and t.params.get(STEPS) is not None]
     if not any(t.facts.max_total_num_tokens or t.facts.max_running_requests for t in ok):
         return None
-    fig, (ax1, ax2) = _new(7.5, 6.0, rows=2)
+    fig, (ax1, ax2) = canvas(7.5, 6.0, rows=2)
     series = [(k, pts) for k, pts in _series(data) if pts]
     others = [a for a in data.axes if a not in (STEPS, TOPK, "speculative_num_draft_tokens")]
     for ax, attr, label in ((ax1, "max_total_num_tokens", "max_total_num_tokens (KV tokens)"),
@@ -226,7 +233,7 @@ def kv_vs_steps(data: RunData) -> Figure | None:
                   _steps_caption(data, "What the server reported after boot: its KV pool "
                                  "(max_total_num_tokens) and running-request limit; where the "
                                  "limit falls under a level's concurrency, that level "
-                                 "queues."), _png(fig))
+                                 "queues."), to_png(fig))
 
 
 def pareto(data: RunData) -> Figure | None:
@@ -240,7 +247,7 @@ def pareto(data: RunData) -> Figure | None:
     front = [p for p in pts if not any(q[1] >= p[1] and q[2] >= p[2] and (q[1], q[2]) !=
                                        (p[1], p[2]) for q in pts)]
     front.sort(key=lambda p: p[1])
-    fig, ax = _new()
+    fig, ax = canvas()
     best = data.best
     for cf, x, y in pts:
         on = any(cf is f[0] for f in front)
@@ -272,14 +279,14 @@ def pareto(data: RunData) -> Figure | None:
     return Figure("pareto.png", f"Pareto front of C={lo_c} against C={hi_c} throughput",
                   "Each point is a configuration (median over its repeats, bars min-max), "
                   "labelled with its settings; orange: not beaten at both levels by any "
-                  "other configuration.", _png(fig))
+                  "other configuration.", to_png(fig))
 
 
 def history(data: RunData) -> Figure | None:
     trials = [t for t in data.trials if not t.baseline]
     if not trials:
         return None
-    fig, ax = _new(7.5, 4.0)
+    fig, ax = canvas(7.5, 4.0)
     xs, ys, best_x, best_y = [], [], [], []
     best = -math.inf
     for n, t in enumerate(trials, start=1):
@@ -333,7 +340,7 @@ def history(data: RunData) -> Figure | None:
                   f"+0.1 is about +10%. Green: the plateau sampler's jumps; red x: trials "
                   f"without a score (infeasible, failed, pruned); hollow grey: suspect "
                   f"trials, left out (and off the scale when far from the rest). Noise band "
-                  f"{band_pct(data.band)}.", _png(fig))
+                  f"{band_pct(data.band)}.", to_png(fig))
 
 
 def all_figures(data: RunData) -> list[Figure]:

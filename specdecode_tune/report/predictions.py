@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import store
 from . import render as r
-from .data import RunData, Trial
+from .rundata import RunData, Trial
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import statistics
 from collections.abc import Sequence
 
 from .. import store
-from ..load.stats import percentile
+from ..stats import percentile
 from . import render as r
-from .data import Config, RunData
-from .figures import Figure, _colors, _new, _png
+from .figures import Figure, canvas, palette, to_png
+from .rundata import Config, RunData
 
 MAX_CONFIGS = 4
 
@@ -55,9 +55,9 @@ def spread_figure(data: RunData, acc: dict[str, list[float]] | None = None) -> F
     lo = min(min(v) for _, v in shown)
     hi = max(max(v) for _, v in shown)
     bins = [lo + (hi - lo) * i / 24 for i in range(25)] if hi > lo else 10
-    fig, axes = _new(7.5, 1.6 + 1.3 * len(shown), rows=len(shown))
+    fig, axes = canvas(7.5, 1.6 + 1.3 * len(shown), rows=len(shown))
     axes = list(axes) if len(shown) > 1 else [axes]
-    colors = _colors(len(shown))
+    colors = palette(len(shown))
     for ax, (cf, values), color in zip(axes, shown, colors):
         ax.hist(values, bins=bins, color=color, alpha=0.8)
         med = statistics.median(values)
@@ -69,7 +69,7 @@ def spread_figure(data: RunData, acc: dict[str, list[float]] | None = None) -> F
     return Figure("accept_spread.png", "Per-request acceptance, per config",
                   "Histogram of each request's acceptance length, per configuration (best "
                   "first; every level and usable measurement); dashed: the median.",
-                  _png(fig))
+                  to_png(fig))
 
 
 def blocks(data: RunData, acc: dict[str, list[float]] | None = None) -> list[r.Block]:

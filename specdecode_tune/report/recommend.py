@@ -24,7 +24,8 @@ from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData, band_pct, describe, fmt_value
+from .rundata import Config, RunData
+from .words import band_pct, describe, pct_gain
 
 
 @dataclass(frozen=True)
@@ -167,44 +168,62 @@ def _best_at(data: RunData, c: int, *, chain_only: bool) -> Config | None:
 
 
 def schedule(data: RunData) -> Schedule:
+    """The per-level schedule: the best measured config at each level, the chain emitted
+    (topk = 1, keeping the static config where a level's winner beats it only within noise),
+    each engine's file and the notes on it; withheld where the chain loses to the static config
+    beyond noise at some level."""
     best = data.best
-    notes: list[str] = []
-
-    def entries(chain_only: bool) -> tuple[Entry, ...]:
-        out = []
-        for c in data.levels:
-            cf = _best_at(data, c, chain_only=chain_only)
-            if cf is None:
-                continue
-            tok = cf.tok_s(c)
-            if tok is None:   # not reached: _best_at keeps only the configs measured at c
-                continue
-            static = best.tok_s(c) if best is not None else None
-            within = static is not None and static != 0 and cf is not best and \
-                math.log(tok / static) <= data.level_bands.get(c, data.band)
-            out.append(Entry(c=c, config=cf, tok_s=tok, static_tok_s=static,
-                             within_noise=within))
-        return tuple(out)
-
-    all_e, raw_chain = entries(False), entries(True)
+    all_e, raw_chain = _entries(data, chain_only=False), _entries(data, chain_only=True)
     # A level whose winner beats the static config only within noise keeps the static config
     # in what is emitted: switching settings for a difference the repeats cannot tell from
     # noise is the trap the report exists to avoid.
     static_chain = best is not None and best.param(TOPK) in (None, 1)
-
-    def keep_static(e: Entry) -> Entry:
-        """`e`, or the static config in its place where `e` beats it only within noise
-        (then the static config was measured at e.c: static_tok_s is its tok/s there)."""
-        if best is None or not static_chain or not e.within_noise or e.static_tok_s is None:
-            return e
-        return Entry(c=e.c, config=best, tok_s=e.static_tok_s, static_tok_s=e.static_tok_s,
-                     kept_static=True)
-
-    chain = tuple(keep_static(e) for e in raw_chain)
+    chain = tuple(_keep_static(e, best, static_chain) for e in raw_chain)
     losing = losing_levels(data, chain)
     if losing:
         why = withheld_line(data, best, losing)
         return Schedule(all_e, chain, (), (why,), withheld=why)
+    notes = _choice_notes(best, static_chain, all_e, raw_chain, chain)
+    if not chain or all(e.steps == 0 for e in chain):
+        notes.append("No level is best with speculation: no schedule to emit.")
+        exp_cfg = data.experiment.backend if data.experiment is not None else None
+        return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
+    return _emitted(data, all_e, chain, notes)
+
+
+def _entries(data: RunData, *, chain_only: bool) -> tuple[Entry, ...]:
+    """The best measured config at each level (chains only, or any), against the static
+    config there."""
+    best = data.best
+    out = []
+    for c in data.levels:
+        cf = _best_at(data, c, chain_only=chain_only)
+        if cf is None:
+            continue
+        tok = cf.tok_s(c)
+        if tok is None:   # not reached: _best_at keeps only the configs measured at c
+            continue
+        static = best.tok_s(c) if best is not None else None
+        within = static is not None and static != 0 and cf is not best and \
+            math.log(tok / static) <= data.level_bands.get(c, data.band)
+        out.append(Entry(c=c, config=cf, tok_s=tok, static_tok_s=static,
+                         within_noise=within))
+    return tuple(out)
+
+
+def _keep_static(e: Entry, best: Config | None, static_chain: bool) -> Entry:
+    """`e`, or the static config in its place where `e` beats it only within noise
+    (then the static config was measured at e.c: static_tok_s is its tok/s there)."""
+    if best is None or not static_chain or not e.within_noise or e.static_tok_s is None:
+        return e
+    return Entry(c=e.c, config=best, tok_s=e.static_tok_s, static_tok_s=e.static_tok_s,
+                 kept_static=True)
+
+
+def _choice_notes(best: Config | None, static_chain: bool, all_e: tuple[Entry, ...],
+                  raw_chain: tuple[Entry, ...], chain: tuple[Entry, ...]) -> list[str]:
+    """What the chain kept of the static config, and where it is not the levels' winners."""
+    notes: list[str] = []
     kept = [e for e in chain if e.kept_static]
     if kept:
         notes.append("At " + ", ".join(f"C={e.c}" for e in kept) + " the fastest measured "
@@ -217,10 +236,14 @@ def schedule(data: RunData) -> Schedule:
         notes.append("Some levels are best with topk > 1; servers switch only a chain's "
                      "steps at run time (SGLang's adaptive mode takes topk = 1 only), so the "
                      "formats below use the best chain (topk = 1) at each level.")
-    if not chain or all(e.steps == 0 for e in chain):
-        notes.append("No level is best with speculation: no schedule to emit.")
-        exp_cfg = data.experiment.backend if data.experiment is not None else None
-        return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
+    return notes
+
+
+def _emitted(data: RunData, all_e: tuple[Entry, ...], chain: tuple[Entry, ...],
+             notes: list[str]) -> Schedule:
+    """The schedule of a chain with speculation at some level: its slots, the schedule
+    server's settings and each engine's file, with the notes on what one server changes."""
+    best = data.best
     base = best.params if best is not None else chain[0].config.params
     differ = _differing(chain, exclude=(STEPS, TOPK, DRAFT))
     if differ:
@@ -325,10 +348,6 @@ def schedule_line(data: RunData, s: Schedule) -> str:
     return ", ".join(parts)
 
 
-def pct_gain(ratio: float) -> str:
-    return f"{(ratio - 1) * 100:+.1f}%"
-
-
 def runner_up_line(data: RunData, r: Recommendation) -> str | None:
     if r.runner_up is None or r.runner_delta is None:
         return None
@@ -342,7 +361,6 @@ __all__ = [
     "LevelRow",
     "Recommendation",
     "Schedule",
-    "fmt_value",
     "launch_command",
     "losing_levels",
     "recommend",

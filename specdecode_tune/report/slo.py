@@ -2,7 +2,7 @@
 
 For each configuration shown (the baseline, the best, the runner-up), per closed-loop level:
 tok/s, the fraction of the window's requests that met every latency target with its 95%
-interval over the repeats (`load.slo.fraction_interval`), good requests/s, and whether the
+interval over the repeats (`stats.fraction_interval`), good requests/s, and whether the
 level was saturated (GuideLLM's test, `load.saturation.saturation`) in any of its measurements, in
 which case its tok/s is what an over-full queue gave, not the server's capacity.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from ..load.slo import fraction_interval
 from ..objective import goodput_s
+from ..stats import fraction_interval
 from . import render as r
-from .data import Config, RunData
-from .figures import Figure, _colors, _new, _png
+from .figures import Figure, canvas, palette, to_png
+from .rundata import Config, RunData
 
 
 def _shown(data: RunData) -> list[tuple[str, Config]]:
@@ -89,8 +89,8 @@ def goodput_figure(data: RunData) -> Figure | None:
     if not has_goodput(data):
         return None
     shown = _shown(data)
-    fig, ax = _new()
-    colors = _colors(len(shown))
+    fig, ax = canvas()
+    colors = palette(len(shown))
     drawn = False
     for k, (name, cf) in enumerate(shown):
         xs, ys, lo, hi, sat_x, sat_y = [], [], [], [], [], []
@@ -127,7 +127,7 @@ def goodput_figure(data: RunData) -> Figure | None:
     return Figure("goodput.png", "Goodput per level",
                   "Fraction of each level's requests that met every latency target, with 95% "
                   "intervals over the repeats; red rings: saturated levels (GuideLLM's test).",
-                  _png(fig))
+                  to_png(fig))
 
 
 def figures(data: RunData) -> Sequence[Figure]:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from ..objective import compare
 from ..space import STEPS, TOPK
-from .data import SAME_ID, SCHEDULE_ID, Config, RunData, Trial
+from . import render as r
+from .rundata import SAME_ID, SCHEDULE_ID, Config, RunData, Trial
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,38 @@ def table(data: RunData, v: Validation) -> tuple[tuple[str, ...], tuple[tuple[st
     return head, tuple(rows)
 
 
+def blocks(data: RunData, slots: tuple[tuple[int, int], ...]) -> list[r.Block]:
+    """The report's validation section for the schedule `slots`: the trial that booted it, the
+    per-level table, any threshold collapse and the verdict; what to do where none ran."""
+    out: list[r.Block] = [r.Heading(3, "Validation: the schedule on one server")]
+    v = validate(data, slots)
+    if v is None:
+        return out + [r.Para("No validation trial: the per-level figures above come from a "
+                             "boot per config, not from one server running the schedule. "
+                             "Run the search with objective.kind = \"schedule\" to boot it "
+                             "once; until then the static config is the recommendation.")]
+    head, rows = table(data, v)
+    t = v.trial
+    out.append(r.Para(
+        f"Trial `{t.trial_id}` (a row of the trials table, sampler \"schedule\", with its "
+        f"levels) booted the emitted schedule once"
+        + (f" (running limit {t.facts.max_running_requests})"
+           if t.facts.max_running_requests else "")
+        + ". Per level: the schedule against the best static config, the best config measured "
+          "for that level alone, and its own tier (the static chain with the steps it runs "
+          "there; below it beyond noise is a threshold collapse); the last column is the mode's "
+          "own cost, the static config's steps in every slot against the static server. "
+          "Verdicts use each level's noise band."))
+    out.append(r.Table(head, rows))
+    collapses = [k.c for k in v.checks if k.collapse]
+    if collapses:
+        out.append(r.Para("Threshold collapse at " + ", ".join(f"C={c}" for c in collapses)
+                          + ": the schedule runs below the static server with the same steps, "
+                            "beyond noise."))
+    out.append(r.Para(v.why))
+    return out
+
+
 def markdown_table(data: RunData, v: Validation) -> str:
     head, rows = table(data, v)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -180,5 +213,5 @@ def markdown_table(data: RunData, v: Validation) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SAME_ID", "SCHEDULE_ID", "LevelCheck", "Validation", "markdown_table", "table",
-           "validate"]
+__all__ = ["SAME_ID", "SCHEDULE_ID", "LevelCheck", "Validation", "blocks", "markdown_table",
+           "table", "validate"]

@@ -29,47 +29,9 @@ from typing import Any
 
 from ..objective import pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
-from .data import Config, RunData, band_pct, fmt_value
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The shape of one curve: best, plateau around it, an escaped flat run below it."""
-
-    best: int
-    lo: int                          # plateau around the best: indices lo..hi
-    hi: int
-    escaped: tuple[int, int] | None  # a flat run i..j below lo that the best left behind
-
-    def above(self, n: int) -> int | None:
-        return self.hi + 1 if self.hi + 1 < n else None
-
-
-def shape(ys: Sequence[float], band: float) -> Shape:
-    """Best, plateau and escaped run of a curve `ys` (log units, ordered by the axis)."""
-    if not ys:
-        raise ValueError("shape needs at least one point, got none")
-    k = max(range(len(ys)), key=lambda i: (ys[i], -i))
-    lo = hi = k
-    while hi + 1 < len(ys) and ys[k] - ys[hi + 1] <= band:
-        hi += 1
-    while lo - 1 >= 0 and ys[k] - ys[lo - 1] <= band:
-        lo -= 1
-    escaped = None
-    # The nearest flat run below the plateau: adjacent steps within the band, all of it worse
-    # than the best by more than the band (else it would be part of the plateau).
-    j = lo - 1
-    while j >= 1:
-        if abs(ys[j] - ys[j - 1]) <= band:
-            i = j - 1
-            while i - 1 >= 0 and abs(ys[i] - ys[i - 1]) <= band \
-                    and max(ys[i - 1:j + 1]) - min(ys[i - 1:j + 1]) <= band:
-                i -= 1
-            if ys[k] - max(ys[i:j + 1]) > band:
-                escaped = (i, j)
-            break
-        j -= 1
-    return Shape(best=k, lo=lo, hi=hi, escaped=escaped)
+from .curves import Shape, curve, on_curve, shape
+from .rundata import Config, RunData
+from .words import band_pct, fmt_value, shorten
 
 
 @dataclass(frozen=True)
@@ -148,26 +110,6 @@ def score_diff(a: Config, b: Config, data: RunData) -> str:
     return f"score {pct(d)}{within}"
 
 
-def _matches(params: dict[str, Any], axis: str) -> bool:
-    """Whether a config belongs on this axis's curve: draft tokens are a free choice only for
-    trees (topk > 1); for chains they are steps + 1, i.e. the steps curve again."""
-    return axis != DRAFT or (params.get(TOPK) or 1) > 1
-
-
-def curve(data: RunData, axis: str, *, where: dict[str, Any] | None = None
-          ) -> list[tuple[Any, Config]]:
-    """(value, best config at that value) along `axis`, ascending; `where` filters configs
-    (e.g. one topk). data.configs is ranked best first, so the first seen at a value wins."""
-    best: dict[Any, Config] = {}
-    for cf in data.configs:
-        v = cf.param(axis)
-        if v is None or not _matches(cf.params, axis) \
-                or (where and any(cf.param(k) != w for k, w in where.items())):
-            continue
-        best.setdefault(v, cf)
-    return sorted(best.items(), key=lambda kv: kv[0])
-
-
 def _infeasible(data: RunData, axis: str, measured: Sequence[Any],
                 where: dict[str, Any] | None = None) -> list[tuple[Any, str, str]]:
     """(value, reason, the refused settings) for each value of the axis that the server
@@ -175,7 +117,7 @@ def _infeasible(data: RunData, axis: str, measured: Sequence[Any],
     out: dict[Any, tuple[str, str]] = {}
     for t in data.trials:
         if t.status in ("infeasible", "pruned") and t.params.get(axis) is not None \
-                and t.params[axis] not in measured and _matches(t.params, axis) \
+                and t.params[axis] not in measured and on_curve(t.params, axis) \
                 and all(t.params.get(k) == w for k, w in (where or {}).items()):
             out.setdefault(t.params[axis], (t.reason or t.status, data.label(t.params)))
     return sorted(((v, r, lab) for v, (r, lab) in out.items()), key=lambda x: x[0])
@@ -194,107 +136,32 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
         return None
     values = tuple(v for v, _ in pts)
     cfs = tuple(cf for _, cf in pts)
-    ys = [cf.robust.median for cf in cfs]
-    sh = shape(ys, data.band)
-    n = len(pts)
-    name = _name(axis)
+    ys = tuple(cf.robust.median for cf in cfs)
+    cv = _Curve(data, axis, values, cfs, ys, shape(ys, data.band))
+    sh, k = cv.sh, cv.sh.best
     infeasible = _infeasible(data, axis, values, where)
 
-    def at(i: int) -> str:
-        return f"{name}={fmt_value(values[i])}"
-
-    def tag(i: int, j: int) -> str:
-        """' (plateau jump)' when the plateau sampler proposed value j as a far probe."""
-        return jump_tag(cfs[j])
-
-    k = sh.best
     parts: list[str] = []
     escaped_from = escape_delta = None
     if sh.escaped is not None:
         i, j = sh.escaped
-        escaped_from = (values[i], values[j])
-        escape_delta = ys[k] - ys[j]
-        parts.append(
-            f"the plateau at {name}={fmt_value(values[i])}..{fmt_value(values[j])} "
-            f"({fmt_value(values[j - 1])} -> {fmt_value(values[j])}: "
-            f"{score_diff(cfs[j - 1], cfs[j], data)}) was escaped at {at(k)}"
-            f"{jump_tag(cfs[k])}: score {pct(escape_delta)} over "
-            f"{at(j)} ({level_diffs(cfs[j], cfs[k], data)})")
-    above = sh.above(n)
-    beyond_value = beyond_delta = None
-    if n == 1:
-        kind = "single"
-        parts.append(f"only {at(0)} was measured (feasible, not suspect): no curve to judge")
-    elif sh.lo == sh.hi:
-        if above is not None:
-            kind = "peak"
-            beyond_value, beyond_delta = values[above], ys[above] - ys[k]
-            parts.append(f"{name} {fmt_value(values[k])} -> {fmt_value(values[above])}"
-                         f"{tag(k, above)}: {level_diffs(cfs[k], cfs[above], data)}; "
-                         f"{score_diff(cfs[k], cfs[above], data)}: {at(k)} is the peak")
-        else:
-            kind = "edge"
-            lead = ""
-            # After an escape the step onto the best was just described.
-            if k > 0 and (sh.escaped is None or sh.escaped[1] != k - 1):
-                lead = (f"{name} {fmt_value(values[k - 1])} -> {fmt_value(values[k])}"
-                        f"{tag(k - 1, k)}: {level_diffs(cfs[k - 1], cfs[k], data)}; "
-                        f"{score_diff(cfs[k - 1], cfs[k], data)}; ")
-            parts.append(f"{lead}{at(k)} is the best and the largest value measured: not "
-                         f"known whether larger values climb")
-    else:
-        lo, hi = sh.lo, sh.hi
-        parts.append(f"{name} {fmt_value(values[hi - 1])} -> {fmt_value(values[hi])}"
-                     f"{tag(hi - 1, hi)}: {level_diffs(cfs[hi - 1], cfs[hi], data)}; "
-                     f"{score_diff(cfs[hi - 1], cfs[hi], data)}: a plateau at "
-                     f"{name}={fmt_value(values[lo])}..{fmt_value(values[hi])} "
-                     f"(best {at(k)})")
-        if above is not None:
-            kind = "plateau_peak"
-            beyond_value, beyond_delta = values[above], ys[above] - ys[k]
-            word = "probe at " if cfs[above].jump else ""
-            parts.append(f"{word}{at(above)}{tag(hi, above)}: "
-                         f"{level_diffs(cfs[k], cfs[above], data)}; "
-                         f"{score_diff(cfs[k], cfs[above], data)} vs {at(k)}: "
-                         f"the plateau is a peak")
-        else:
-            kind = "plateau_edge"
-            parts.append(f"nothing measured beyond {at(hi)}: not known whether the plateau "
-                         f"is a peak")
-    probes: list[tuple[Any, float, bool]] = []
-    if above is not None:
-        if beyond_value is not None and beyond_delta is not None:   # set together
-            probes.append((beyond_value, beyond_delta, cfs[above].jump))
-        # Values further out: every sampler jump, and the farthest value measured.
-        far = [i for i in range(above + 1, n) if cfs[i].jump or i == n - 1]
-        for i in far:
-            probes.append((values[i], ys[i] - ys[k], cfs[i].jump))
-            word = "probe at " if cfs[i].jump else ""
-            parts.append(f"{word}{at(i)}{tag(k, i)}: "
-                         f"{level_diffs(cfs[k], cfs[i], data)}; "
-                         f"{score_diff(cfs[k], cfs[i], data)} vs {at(k)}")
+        escaped_from, escape_delta = (values[i], values[j]), ys[k] - ys[j]
+        parts.append(cv.escape(i, j))
+    kind, beyond_value, beyond_delta, words = _shape_words(cv)
+    parts += words
+    probes, words = _probes(cv, beyond_value, beyond_delta)
+    parts += words
     top = values[-1]
     refused = [x for x in infeasible
                if isinstance(x[0], (int, float)) and isinstance(top, (int, float)) and x[0] > top]
     if refused:
         # A refusal is a fact about those settings (e.g. that mem fraction), not the value.
         parts.append("refused by the server: " + ", ".join(
-            f"{name}={fmt_value(v)} ({_short(r.split(':')[0], 40)}, {lab})"
+            f"{cv.name}={fmt_value(v)} ({shorten(r.split(':')[0], 40)}, {lab})"
             for v, r, lab in refused))
-    mixed = _mixed(data, axis, values, cfs)
-    short = "; ".join(parts)
-    if mixed:
-        parts.append(f"caution: the curve's configs also differ in {mixed}")
-        short += f"; caution: the curve's configs also differ in " \
-                 f"{', '.join(m.split(' (')[0] for m in mixed.split('; '))}"
-    if where:
-        scope = "among " + " ".join(f"{_name(k)}={fmt_value(w)}" for k, w in where.items()) \
-            + " configs: "
-        parts[0] = scope + parts[0]
-        short = scope + short
-    headline = "; ".join(parts)
+    headline, short = _caveats(parts, _mixed(data, axis, values, cfs), where)
 
-    steps = tuple(_step(data, values, cfs, i, i + 1) for i in range(n - 1))
+    steps = tuple(_step(data, values, cfs, i, i + 1) for i in range(len(values) - 1))
     return AxisVerdict(
         axis=axis, scope=where, values=values, configs=cfs, kind=kind,
         escaped=sh.escaped is not None,
@@ -305,6 +172,120 @@ def axis_verdict(data: RunData, axis: str) -> AxisVerdict | None:
         headline=headline, summary=short,
         per_level=tuple(_per_level(data, axis, values, cfs, [x[0] for x in refused])),
         steps=steps)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """One axis's curve as its verdict words it: the values, the best config at each, their
+    scores (log units) and the curve's shape."""
+
+    data: RunData
+    axis: str
+    values: tuple[Any, ...]
+    cfs: tuple[Config, ...]
+    ys: tuple[float, ...]
+    sh: Shape
+
+    @property
+    def name(self) -> str:
+        return _name(self.axis)
+
+    def at(self, i: int) -> str:
+        return f"{self.name}={fmt_value(self.values[i])}"
+
+    def step(self, i: int, j: int) -> str:
+        """'steps 4 -> 5 (plateau jump): <per level>; score ...': value j against value i (the
+        tag when the plateau sampler proposed j as a far probe)."""
+        a, b = self.cfs[i], self.cfs[j]
+        return (f"{self.name} {fmt_value(self.values[i])} -> {fmt_value(self.values[j])}"
+                f"{jump_tag(b)}: {level_diffs(a, b, self.data)}; "
+                f"{score_diff(a, b, self.data)}")
+
+    def against_best(self, i: int) -> str:
+        """'probe at steps=10 (plateau jump): <per level>; score ... vs steps=5'."""
+        best, cf = self.cfs[self.sh.best], self.cfs[i]
+        word = "probe at " if cf.jump else ""
+        return (f"{word}{self.at(i)}{jump_tag(cf)}: {level_diffs(best, cf, self.data)}; "
+                f"{score_diff(best, cf, self.data)} vs {self.at(self.sh.best)}")
+
+    def escape(self, i: int, j: int) -> str:
+        """The escaped flat run i..j, the step onto its top and the best's gain over it."""
+        k, v, cfs = self.sh.best, self.values, self.cfs
+        return (f"the plateau at {self.name}={fmt_value(v[i])}..{fmt_value(v[j])} "
+                f"({fmt_value(v[j - 1])} -> {fmt_value(v[j])}: "
+                f"{score_diff(cfs[j - 1], cfs[j], self.data)}) was escaped at {self.at(k)}"
+                f"{jump_tag(cfs[k])}: score {pct(self.ys[k] - self.ys[j])} over "
+                f"{self.at(j)} ({level_diffs(cfs[j], cfs[k], self.data)})")
+
+
+def _shape_words(cv: _Curve) -> tuple[str, Any | None, float | None, list[str]]:
+    """The curve's kind (single, peak, edge, plateau_peak, plateau_edge), the first value
+    measured beyond the best or its plateau with its score against the best's, and the
+    sentences that say so."""
+    sh, k, n = cv.sh, cv.sh.best, len(cv.values)
+    above = sh.above(n)
+    if n == 1:
+        return "single", None, None, [
+            f"only {cv.at(0)} was measured (feasible, not suspect): no curve to judge"]
+    if sh.lo == sh.hi:
+        if above is not None:
+            return "peak", cv.values[above], cv.ys[above] - cv.ys[k], [
+                f"{cv.step(k, above)}: {cv.at(k)} is the peak"]
+        lead = ""
+        # After an escape the step onto the best was just described.
+        if k > 0 and (sh.escaped is None or sh.escaped[1] != k - 1):
+            lead = f"{cv.step(k - 1, k)}; "
+        return "edge", None, None, [
+            f"{lead}{cv.at(k)} is the best and the largest value measured: not known whether "
+            f"larger values climb"]
+    lo, hi = sh.lo, sh.hi
+    parts = [f"{cv.step(hi - 1, hi)}: a plateau at "
+             f"{cv.name}={fmt_value(cv.values[lo])}..{fmt_value(cv.values[hi])} "
+             f"(best {cv.at(k)})"]
+    if above is not None:
+        parts.append(f"{cv.against_best(above)}: the plateau is a peak")
+        return "plateau_peak", cv.values[above], cv.ys[above] - cv.ys[k], parts
+    parts.append(f"nothing measured beyond {cv.at(hi)}: not known whether the plateau "
+                 f"is a peak")
+    return "plateau_edge", None, None, parts
+
+
+def _probes(cv: _Curve, beyond_value: Any | None, beyond_delta: float | None
+            ) -> tuple[list[tuple[Any, float, bool]], list[str]]:
+    """(value, score delta vs the best, was a jump) of the values measured beyond the plateau
+    (the first one, then every sampler jump and the farthest value), and the sentences on the
+    ones further out."""
+    n = len(cv.values)
+    above = cv.sh.above(n)
+    if above is None:
+        return [], []
+    probes: list[tuple[Any, float, bool]] = []
+    if beyond_value is not None and beyond_delta is not None:   # set together
+        probes.append((beyond_value, beyond_delta, cv.cfs[above].jump))
+    # Values further out: every sampler jump, and the farthest value measured.
+    far = [i for i in range(above + 1, n) if cv.cfs[i].jump or i == n - 1]
+    parts = []
+    for i in far:
+        probes.append((cv.values[i], cv.ys[i] - cv.ys[cv.sh.best], cv.cfs[i].jump))
+        parts.append(cv.against_best(i))
+    return probes, parts
+
+
+def _caveats(parts: Sequence[str], mixed: str, where: dict[str, Any]) -> tuple[str, str]:
+    """(headline, summary): the sentences with every caveat, and with the caveats named only;
+    both scoped to `where` (the settings the curve holds fixed) where it holds any."""
+    parts = list(parts)
+    short = "; ".join(parts)
+    if mixed:
+        parts.append(f"caution: the curve's configs also differ in {mixed}")
+        short += f"; caution: the curve's configs also differ in " \
+                 f"{', '.join(m.split(' (')[0] for m in mixed.split('; '))}"
+    if where:
+        scope = "among " + " ".join(f"{_name(k)}={fmt_value(w)}" for k, w in where.items()) \
+            + " configs: "
+        parts[0] = scope + parts[0]
+        short = scope + short
+    return "; ".join(parts), short
 
 
 def _mixed(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Config]) -> str:
@@ -389,11 +370,6 @@ def _per_level(data: RunData, axis: str, values: Sequence[Any], cfs: Sequence[Co
                 s += f"; probe at {name}={fmt_value(vs[i])}{own[i]}: {pct(ys[i] - ys[k])}"
         out.append(s)
     return out
-
-
-def _short(reason: str, limit: int = 90) -> str:
-    reason = " ".join(reason.split())
-    return reason if len(reason) <= limit else reason[:limit - 3] + "..."
 
 
 def verdicts(data: RunData) -> list[AxisVerdict]:

@@ -7,11 +7,12 @@ import math
 import pytest
 
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.load import LevelPlan, Prompt, level_failure, percentile, summarize
+from specdecode_tune.load import LevelPlan, Prompt, level_failure, summarize
 from specdecode_tune.load import RequestState as _Req
 from specdecode_tune.load import tally_level as _records
 from specdecode_tune.load.stats import ACCEPT_UNREAD
 from specdecode_tune.records import RequestRecord
+from specdecode_tune.stats import percentile
 
 PLAN = LevelPlan(concurrency=4, warmup_s=1.0, duration_s=10.0)
 

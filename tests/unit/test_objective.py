@@ -8,7 +8,6 @@ import math
 import pytest
 
 from specdecode_tune.objective import (
-    MAD_K,
     MIN_BAND_DOF,
     PRIOR_DOF,
     Robust,
@@ -16,6 +15,7 @@ from specdecode_tune.objective import (
     moderated_sigma,
     noise_band,
 )
+from specdecode_tune.stats import MAD_K
 
 
 def test_without_a_band_the_spread_is_the_repeats_own_mad() -> None:

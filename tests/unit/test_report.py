@@ -24,9 +24,10 @@ from specdecode_tune import store
 from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
+from specdecode_tune.report.curves import shape
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.recommend import Schedule, recommend, schedule
-from specdecode_tune.report.verdicts import shape, verdicts
+from specdecode_tune.report.verdicts import verdicts
 from specdecode_tune.space import resolve
 
 EXPERIMENT = """
@@ -266,7 +267,7 @@ def test_a_levels_probe_inside_its_plateau_or_at_its_best_is_still_marked(
 
 
 def test_the_level_is_read_from_the_reason_the_sampler_writes() -> None:
-    from specdecode_tune.report.data import jump_level
+    from specdecode_tune.report.rundata import jump_level
     from specdecode_tune.samplers.plateau.events import reason
     from specdecode_tune.samplers.plateau.geometry import Plateau
 

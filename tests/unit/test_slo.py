@@ -9,15 +9,11 @@ import pytest
 
 from specdecode_tune.config import experiment_from_dict
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.load.saturation import saturation, slope_alert, t_ppf
-from specdecode_tune.load.slo import (
-    Slo,
-    fraction_interval,
-    good_requests,
-    wilson,
-)
+from specdecode_tune.load.saturation import saturation, slope_alert
+from specdecode_tune.load.slo import Slo, good_requests
 from specdecode_tune.objective import goodput_score, objective_score
 from specdecode_tune.records import LevelSummary, RequestRecord
+from specdecode_tune.stats import fraction_interval, t_ppf, wilson
 
 
 def req(start: float, ttft: float | None, end: float, out: int = 11,

@@ -1,0 +1,78 @@
+"""The trials in the report: how many, how they ended, and what measuring them took.
+
+`counts` and `measure_seconds` close the summary (and the search's last lines); `blocks` is the
+report's "Trials" section: every usable configuration best first, the suspect trials (left out
+of every figure of merit) and the infeasible, failed and pruned ones with their reasons.
+"""
+
+from __future__ import annotations
+
+from . import render as r
+from .rundata import Config, RunData
+from .words import fmt_tok
+
+
+def counts(data: RunData) -> str:
+    """'12 trials (9 ok, 1 infeasible, 1 failed, 1 pruned; 1 suspect; 3 re-measurements), 5
+    usable configurations': the speculative trials by outcome."""
+    spec = [t for t in data.trials if not t.baseline]
+    by = {s: sum(1 for t in spec if t.status == s) for s in ("ok", "infeasible", "failed",
+                                                            "pruned")}
+    suspect = sum(1 for t in spec if t.status == "ok" and t.suspect)
+    repeats = sum(1 for t in spec if t.repeat > 0)
+    return (f"{len(spec)} trials ({by['ok']} ok, {by['infeasible']} infeasible, "
+            f"{by['failed']} failed, {by['pruned']} pruned; {suspect} suspect; {repeats} "
+            f"re-measurements), {len(data.configs)} usable configurations")
+
+
+def measure_seconds(data: RunData) -> str:
+    """'measuring took 412 s over 11 boots (37 s a boot)': the levels' own seconds (warm-ups
+    included; boots and the pauses between levels not), where the tables record them."""
+    per = [sum(s.level_s for s in t.levels.values() if s.level_s is not None)
+           for t in data.trials if any(s.level_s is not None for s in t.levels.values())]
+    if not per:
+        return ""
+    return (f"measuring took {sum(per):.0f} s over {len(per)} boot(s) "
+            f"({sum(per) / len(per):.0f} s a boot)")
+
+
+def _plateau_why(cf: Config) -> str:
+    """Why the plateau question booted this configuration: its jump, or a jump's bracket."""
+    if cf.jump_reason:
+        return f"jump: {cf.jump_reason}"
+    return cf.bracket_reason or ""
+
+
+def blocks(data: RunData) -> list[r.Block]:
+    """The trials section: the counts, the configurations best first (with why the plateau
+    question booted each), the suspect trials and the ones that measured nothing."""
+    out: list[r.Block] = [r.Heading(2, "Trials"), r.Para(counts(data) + ".")]
+    out.append(r.Heading(3, "Configurations, best first"))
+    if data.configs:
+        head = ("#", "config", "n", "score (median)", "median - spread") + tuple(
+            f"C={c} tok/s" for c in data.levels) + ("plateau question (why it was booted)",)
+        rows = []
+        for i, cf in enumerate(data.configs, start=1):
+            rows.append((str(i), data.label(cf.params), str(cf.n), f"{cf.robust.median:+.3f}",
+                         f"{cf.robust.score:+.3f}")
+                        + tuple(fmt_tok(cf.tok_s(c)) for c in data.levels)
+                        + (_plateau_why(cf),))
+        out.append(r.Table(head, tuple(rows)))
+    else:
+        out.append(r.Para("None."))
+    out.append(r.Heading(3, "Suspect trials (left out of every figure of merit)"))
+    sus = [t for t in data.trials if t.status == "ok" and t.suspect]
+    out.append(r.Table(("trial", "config", "why"), tuple(
+        (t.trial_id, data.label(t.params), t.suspect_why) for t in sus)) if sus
+        else r.Para("None."))
+    out.append(r.Heading(3, "Infeasible, failed and pruned trials"))
+    bad = [t for t in data.trials if t.status != "ok"]
+    out.append(r.Table(("trial", "config", "status", "reason"), tuple(
+        (t.trial_id, data.label(t.params), t.status, t.reason) for t in bad)) if bad
+        else r.Para("None."))
+    incomplete = [t for t in data.trials if t.status == "ok" and not t.suspect
+                  and t.score is None]
+    if incomplete:
+        out.append(r.Para("Measured but unscored (a weighted level is missing): "
+                          + ", ".join(t.trial_id for t in incomplete) + "."))
+    return out
