@@ -3,7 +3,7 @@
 Copies of the SGLang backend's knowledge (`backends/sglang_wire.py`, `sglang_logs.py`,
 `sglang_releases.py`; docs/engines-sglang.md section
 12 names each line's source), so that the tests run the backend's readers on both forms:
-`tests/unit/test_sim_releases.py` holds the copies equal to the backend's.
+`tests/unit/sim/test_sim_releases.py` holds the copies equal to the backend's.
 
 - The CUDA graph capture's end line: "Capture cuda graph end. Time elapsed: T s. mem usage=K
   GB. avail mem=X GB." up to 0.5.13; from 0.5.14 one line per graph kind with a comma after the

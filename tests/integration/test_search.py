@@ -258,7 +258,8 @@ def test_a_resumed_search_ends_what_its_killed_driver_left(tmp_path: Path,
     assert record["pid"] == driver.pid
     time.sleep(2.0)
     # What outlives a SIGKILLed driver depends on timing (Ray's agents often live on for
-    # minutes, not always); tests/unit/test_leftovers.py holds the mechanism deterministically.
+    # minutes, not always); tests/unit/search/test_leftovers.py holds the mechanism
+    # deterministically.
     left = tagged_processes(test_env["SPECDECODE_TEST_TAG"])
     log2 = tmp_path / "second.log"
     second = start_search(search_cmd(exp, storage, "--max-trials", "2"), log2, test_env)

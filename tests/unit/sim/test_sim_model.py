@@ -28,7 +28,7 @@ from specdecode_tune.sim.model import (
 from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.space import max_draft_tokens
 
-SEED = Path(__file__).resolve().parent.parent / "data" / "seed_measurements.csv"
+SEED = Path(__file__).resolve().parent.parent.parent / "data" / "seed_measurements.csv"
 PROFILE = load_profile("seed-qwen35-122b")
 WORKLOAD = Workload.calibration(PROFILE)
 

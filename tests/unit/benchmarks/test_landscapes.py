@@ -17,7 +17,7 @@ from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE
 from tests.conftest import bench_module
 
-EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "llamacpp-cpu.toml"
+EXPERIMENT = Path(__file__).resolve().parents[3] / "experiments" / "llamacpp-cpu.toml"
 STEPS = "speculative_num_steps"
 NGRAM = "spec_ngram_simple_size_n"
 
@@ -438,7 +438,7 @@ def test_boots_to_a_resampled_optimum(land_mod: ModuleType, table: Path) -> None
 
 TOPK = "speculative_eagle_topk"
 DRAFT = "speculative_num_draft_tokens"
-SIM = Path(__file__).resolve().parents[2] / "experiments" / "sim-default.toml"
+SIM = Path(__file__).resolve().parents[3] / "experiments" / "sim-default.toml"
 
 
 def test_eagle_grid_points_are_the_points_a_server_runs(rec: ModuleType) -> None:

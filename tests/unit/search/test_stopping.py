@@ -18,7 +18,7 @@ from specdecode_tune.search.searcher import REPEAT_KEY, RepeatingSearcher, SpecO
 from specdecode_tune.search.stopping import PREDICTED_KEY, KVGate, StopRule
 from specdecode_tune.space import DefineByRun, ParamSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_hybrid_is_the_default_and_the_others_stay_selectable() -> None:

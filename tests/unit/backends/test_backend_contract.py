@@ -53,7 +53,7 @@ from specdecode_tune.server.failures import classify_failure
 from specdecode_tune.space import MEM, STEPS, TOPK, is_baseline, resolve
 from tests.contract.sglang_models import write_models
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SGLANG_PY = Path(os.environ.get("SGLANG_PYTHON")
                  or enginecache.cache_dir() / "sglang-venv" / "bin" / "python")
 REFUSAL_KINDS = ("oom", "kv_memory", "invalid_args")      # a refusal, not a crash

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_schedule_validation import _plan
+from tests.unit.report.test_schedule_validation import _plan
 
 
 def test_the_cap_line_names_the_cap_the_search_ran_under(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ from specdecode_tune.space import (
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPACE = (
     ParamSpec(STEPS, "int", low=1, high=6),
     ParamSpec(TOPK, "categorical", choices=(1, 2, 4)),

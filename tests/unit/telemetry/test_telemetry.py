@@ -30,7 +30,7 @@ from specdecode_tune.telemetry import (
     summarize,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 from fakenvml import MIB, FakeGpu, FakeNvml, pair
 
 IDLE, POWER_CAP, HW_SLOWDOWN, SYNC_BOOST, SW_THERMAL, APP_CLOCKS = 0x1, 0x4, 0x8, 0x10, 0x20, 0x2

@@ -22,7 +22,7 @@ from specdecode_tune.records import GRAPH_MEMORY, MEMORY_ROOM
 from specdecode_tune.server.failures import classify_failure
 from specdecode_tune.sim import releases
 
-LIVE = Path(__file__).resolve().parents[1] / "data" / "sglang-0.5.17"
+LIVE = Path(__file__).resolve().parents[2] / "data" / "sglang-0.5.17"
 SGLANG = get_backend("sglang")
 
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "capture_memory.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "capture_memory.py"
 GiB = 1 << 30
 
 

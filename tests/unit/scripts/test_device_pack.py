@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-DEVICE = Path(__file__).resolve().parents[2] / "scripts" / "device"
+DEVICE = Path(__file__).resolve().parents[3] / "scripts" / "device"
 
 
 def load(name: str):

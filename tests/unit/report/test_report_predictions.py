@@ -12,7 +12,7 @@ from specdecode_tune.report import render as r
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.predictions import blocks, median_error, rows
 from specdecode_tune.space import STEPS
-from tests.unit.test_report import Run
+from tests.unit.report.test_report import Run
 
 
 def pred(tok: dict[int, float], accept: float = 2.0, p: float = 0.9) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import bench_module
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "benchmarks"
 TABLE = BENCH / "data" / "vllm-cpu-ngram.parquet"
 STEPS = "speculative_num_steps"

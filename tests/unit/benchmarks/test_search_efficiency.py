@@ -17,7 +17,7 @@ from specdecode_tune.samplers.model import parse_measured
 from specdecode_tune.sim.model import Workload, predict
 from specdecode_tune.sim.profile import Noise, load_profile
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_efficiency.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "search_efficiency.py"
 
 
 @pytest.fixture(scope="module")

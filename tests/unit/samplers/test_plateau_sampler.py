@@ -623,7 +623,7 @@ def test_the_search_call_form_a_seeded_base_plus_seed() -> None:
 # study's "baseline" attr, as the search writes them. The objectives below record what each
 # trial measured at C=1 and C=64 and score the mean of the two log-speedups (equal weights).
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LEVEL_BASE = {1: 100.0, 64: 1000.0}
 
 

@@ -1,6 +1,7 @@
 """The simulator's imitation of each SGLang release's words (`--sglang-version`, sim/releases.py):
 copies of the SGLang backend's knowledge, and the backend reads what the simulator writes in the
-forms of 0.5.10.post1 and 0.5.17 alike (tests/unit/test_sglang_readings.py has SGLang's own)."""
+forms of 0.5.10.post1 and 0.5.17 alike (tests/unit/backends/test_sglang_readings.py has SGLang's
+own)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from specdecode_tune.sim.arguments import EMULATED_VERSION
 from specdecode_tune.sim.model import startup
 from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.sim.scheduler import Scheduler, SimRequest
-from tests.unit.test_sglang_readings import META_0510, META_0517, read_final_chunk
+from tests.unit.backends.test_sglang_readings import META_0510, META_0517, read_final_chunk
 
 SGLANG = get_backend("sglang")
 

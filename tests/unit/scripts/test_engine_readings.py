@@ -13,7 +13,7 @@ import pytest
 
 from specdecode_tune.backends import BACKENDS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "device" / "engine_readings.py"
 
 

@@ -236,7 +236,7 @@ KILLED_WRITER = """
 import os, signal, sys
 from specdecode_tune import store
 from specdecode_tune.store import files
-from tests.unit.test_results import PARAMS, level, request
+from tests.unit.store.test_results import PARAMS, level, request
 real_fsync = files._fsync
 def die_before_rename(path, directory=False):
     if not directory and ".tmp-" in path:
@@ -251,7 +251,7 @@ store.write_level(sys.argv[1], "t0001", level(8, output_tok_s=999.0),
 def test_writer_killed_between_temp_and_rename_leaves_the_old_file(tmp_path: Path) -> None:
     write_level(tmp_path, "t0001", level(8, output_tok_s=100.0), [request(0)],
                 params=PARAMS, repeat=0)
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], cwd=repo,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9, proc.stderr
