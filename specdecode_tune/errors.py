@@ -52,8 +52,10 @@ Internal to one part, never past it:
     backends.streamformat.StreamError  a stream said something unusable (an engine's
                           interpreter or the load generator's stream loop raises it); its
                           message is the record's error, its detail the record's error_detail
-    trial._ServerGone     the server died or stopped answering mid-level: the trial stops
+    trial_steps.ServerGone  the server died or stopped answering mid-level: the trial stops
                           measuring, keeps the finished levels, status "failed"
+    trial_steps.NothingMeasured  no request of a level succeeded: the same, with the first
+                          failed request's words as the reason
 
 Expected failures of a measured system (boot failure, OOM, a crash mid-level, a timed-out
 request) are not exceptions past the trial boundary: they become data (a trial with a status and

@@ -3,7 +3,7 @@
 Every GET a backend makes of a server besides the measured requests (`/server_info`,
 `/get_load`, `/metrics`, `/v1/models`, `/props`) goes through here, on loopback and never
 through an HTTP proxy from the environment, with the headers the trial gives it: the
-experiment's API key (`trial.api_headers`), which SGLang wants on every path but `/health*`
+experiment's API key (`trial_steps.api_headers`), which SGLang wants on every path but `/health*`
 and `/metrics*`, vLLM on every `/v1/*` path, llama-server on every path but its health and
 model list.
 

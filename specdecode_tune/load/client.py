@@ -1,12 +1,14 @@
 """One streamed request: POST, read the SSE body chunk by chunk, count tokens, record failures.
 
 `stream_request` writes everything it learns into a `RequestState` (from `tally`), once, when
-the request ends: the per-chunk loop keeps its state in local variables, does no logging, and
-does per chunk only the SSE split, `json.loads` and the API's interpreter. Every expected
-failure becomes the state's `error` (and `error_detail`: the server's own words, where it gave
-any); cancellation (the level's end) marks the state `cancelled` and propagates. A request
-whose stream ended without ``[DONE]`` failed (truncated); after ``[DONE]`` the end of the body
-is read for up to `DRAIN_S` so that the connection goes back to the pool.
+the request ends: the per-chunk loop (`_read_events`, a coroutine of its own so that the
+request around it reads as POST, body, record) keeps its counts in local variables until it
+ends, does no logging, and does per chunk only the SSE split, `json.loads` and the API's
+interpreter (and the append of the chunk's time and size). Every expected failure becomes the
+state's `error` (and `error_detail`: the server's own words, where it gave any); cancellation
+(the level's end) marks the state `cancelled` and propagates. A request whose stream ended
+without ``[DONE]`` failed (truncated); after ``[DONE]`` the end of the body is read for up to
+`DRAIN_S` so that the connection goes back to the pool.
 
 All timestamps come from `time.perf_counter()`.
 """
@@ -66,56 +68,16 @@ async def stream_request(
     """Stream one request into `st`, counting as in-window the tokens whose chunk arrived in
     ``[w0, w1]``; every failure becomes `st.error`, cancellation propagates."""
     clock = time.perf_counter
-    loads = json.loads
-    feed = SSEParser().feed
-    mark = st.times.append
-    size = st.sizes.append
-    prev_cum = counted = in_win = 0
-    inexact = done = clean = False
-    meta: dict[str, Any] | None = None
+    done = clean = False
     resp: aiohttp.ClientResponse | None = None
-    t = st.start = clock()
+    st.start = clock()
     try:
         resp = await session.post(url, data=payload, headers=headers, timeout=timeout)
         if resp.status != 200:
             raise StreamError(f"http {resp.status}",
                               detail=f"http {resp.status}: {await _error_body(resp)}")
-        content = resp.content
-        while not done:
-            data = await content.readany()
-            if not data:
-                break
-            t = clock()
-            for ev in feed(data):
-                if ev == DONE:
-                    done = True
-                    break
-                if not ev:
-                    continue
-                try:
-                    has_text, cum, m = interp(loads(ev))
-                except MALFORMED as exc:
-                    raise StreamError(f"malformed chunk ({type(exc).__name__})") from None
-                if m is not None:
-                    meta = m
-                if cum is None:
-                    if not has_text:
-                        continue
-                    new = 1
-                    inexact = True
-                else:
-                    new = cum - prev_cum
-                    if new <= 0:
-                        continue
-                    prev_cum = cum
-                counted += new
-                if w0 <= t <= w1:
-                    in_win += new
-                mark(t)
-                size(new)
-        if not done:
-            raise StreamError("truncated stream (no [DONE])")
-        st.end = t
+        st.end = await _read_events(resp.content, interp, st, w0, w1)
+        done = True
         # Read the body's end so the connection goes back to the pool instead of being closed.
         if not resp.content.at_eof():
             async with asyncio.timeout(DRAIN_S):
@@ -139,10 +101,6 @@ async def stream_request(
     except aiohttp.ClientError as exc:
         st.error = f"client error ({type(exc).__name__})"
     finally:
-        st.counted = counted
-        st.in_win = in_win
-        st.inexact = inexact
-        st.meta = meta
         if st.end is None:
             st.end = clock()
         if resp is not None:
@@ -152,3 +110,57 @@ async def stream_request(
                 resp.close()   # drops the connection: the server sees the client go away
     if st.error is not None:
         _log.debug("request %d failed: %s", st.index, st.error)
+
+
+async def _read_events(content: aiohttp.StreamReader, interp: Interpreter, st: RequestState,
+                       w0: float, w1: float) -> float:
+    """The per-chunk loop: read the SSE body up to ``[DONE]`` and return the time of its last
+    chunk; a body that ends before it is a truncated stream (`StreamError`). Each chunk that
+    carried tokens goes to `st.times` / `st.sizes` as it comes; the counts (`counted`, `in_win`
+    for ``[w0, w1]``, `inexact`) and the last meta are kept in local variables and written to
+    `st` once, when the loop ends for any reason (so a request cut mid-stream keeps them)."""
+    clock = time.perf_counter
+    loads = json.loads
+    feed = SSEParser().feed
+    mark = st.times.append
+    size = st.sizes.append
+    prev_cum = counted = in_win = 0
+    inexact = False
+    meta: dict[str, Any] | None = None
+    try:
+        while True:
+            data = await content.readany()
+            if not data:
+                raise StreamError("truncated stream (no [DONE])")
+            t = clock()
+            for ev in feed(data):
+                if ev == DONE:
+                    return t
+                if not ev:
+                    continue
+                try:
+                    has_text, cum, m = interp(loads(ev))
+                except MALFORMED as exc:
+                    raise StreamError(f"malformed chunk ({type(exc).__name__})") from None
+                if m is not None:
+                    meta = m
+                if cum is None:
+                    if not has_text:
+                        continue
+                    new = 1
+                    inexact = True
+                else:
+                    new = cum - prev_cum
+                    if new <= 0:
+                        continue
+                    prev_cum = cum
+                counted += new
+                if w0 <= t <= w1:
+                    in_win += new
+                mark(t)
+                size(new)
+    finally:
+        st.counted = counted
+        st.in_win = in_win
+        st.inexact = inexact
+        st.meta = meta

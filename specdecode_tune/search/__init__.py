@@ -14,7 +14,9 @@ Its modules, in the order a run meets them:
 - `tuner`: the Tuner, new or restored, and the run dir it lives in;
 - `sampler_factory`: `make_sampler`, the one factory of the samplers by name;
 - `searcher`: Optuna under Tune: constraints for refused configs, re-measurements, the stop
-  rule (the one module that touches Ray Tune's and OptunaSearch's internals);
+  rule (the one module that touches Ray Tune's and OptunaSearch's internals); with its parts
+  `proposals` (the space that records what proposed each point) and `failures` (the failure
+  streak that stops a search);
 - `trainable`: one trial on its GPUs: checkpoints per level, the score, the final result;
 - `progress`: the live lines; `summary`: the closing lines.
 

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config import cliargs, load_experiment
 from ..errors import ConfigError, RunInUse, SearchStopped
@@ -111,44 +112,20 @@ def _main(argv: Sequence[str] | None) -> int:
         return args
     t0 = time.monotonic()
     try:
-        path = args.experiment
-        if path == DEFAULT_EXPERIMENT and not Path(path).exists() and \
-                _PROJECT_EXPERIMENT.exists():
-            path = str(_PROJECT_EXPERIMENT)
-        exp = load_experiment(path)
-        plan = plan_run(exp, args)
-        if args.fresh and plan.is_uri:
-            raise ConfigError(f"--fresh with a URI storage: give the new run another --name "
-                              f"(the run {plan.run_dir} is kept)")
-        exists = can_resume(plan) if not args.fresh else False
-        if args.resume and not exists:
-            raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
-        # An edited experiment must not go on with the old one's results (changes.py).
-        differs = None if args.fresh else changes.check(exp, plan.run_dir)
+        plan, exists, differs = _plan(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    sampler = args.sampler or exp.search.sampler
-    seed = exp.search.seed if args.seed is None else args.seed
-    max_trials = args.max_trials or exp.search.max_trials
-    max_concurrent = exp.search.max_concurrent
+    exp = plan.exp
     own: dict = run_settings(plan) if exists else {}
+    run, ignored = _settings(args, plan, own if exists else None)
     pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
-    # What a killed driver of this run left: its servers (their pidfiles), then everything
-    # else it started (Ray's agents and workers: by the token its processes inherited).
     try:
-        left = reap_driver(pids_dir)
+        _end_leftovers(plan, pids_dir)
     except RunInUse as e:
         print(f"error: the run {plan.run_dir} is in use by the search with PID {e.pid}; stop "
               f"it first, or give this one another --name", file=sys.stderr)
         return 2
-    if not plan.is_uri:
-        ended = reap_orphans(pids_dir)
-        if ended:
-            say(f"ended {len(ended)} server(s) left running by the interrupted run: {ended}")
-    if left:
-        say(f"ended {len(left)} process(es) left by the interrupted search (Ray's agents and "
-            f"workers): {left}")
     if args.fresh:
         aside = move_aside(plan)
         if aside:
@@ -157,23 +134,11 @@ def _main(argv: Sequence[str] | None) -> int:
         + (" (the embedded simulator, not a real server)" if exp.backend.kind == "sim" else ""))
     if differs:
         say(differs)
-    if exists:
-        # The resumed searcher and Tune keep what the run was started with.
-        given = {"sampler": args.sampler, "seed": args.seed, "max_trials": args.max_trials}
-        ignored = [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
-                   if v is not None and v != own.get(k)]
-        if ignored:
-            say(f"{', '.join(ignored)}: ignored when resuming; the search goes on with the "
-                f"sampler, seed and trial cap it was started with"
-                + (f" ({own['sampler']}, seed {own['seed']}, {own['max_trials']} trials)"
-                   if own else " (the trials table records the sampler)"))
-        sampler = own.get("sampler", sampler)
-        seed = own.get("seed", seed)
-        max_trials = own.get("max_trials", max_trials)
-        max_concurrent = own.get("max_concurrent", max_concurrent)
+    if ignored:
+        say(ignored)
     say(f"run dir: {plan.run_dir}  ({'resuming' if exists else 'new'}; "
-        + ("" if exists and not own else f"sampler {sampler}, {max_trials} trials, ")
-        + f"{max_concurrent} at a time, {exp.search.gpus_per_trial} GPU(s) each)")
+        + ("" if exists and not own else f"sampler {run.sampler}, {run.max_trials} trials, ")
+        + f"{run.max_concurrent} at a time, {exp.search.gpus_per_trial} GPU(s) each)")
     keep_experiment(plan)
     # On a local cluster every process this driver starts (Ray's, the trials', the servers')
     # inherits this token, so none can outlive the search unseen.
@@ -182,24 +147,95 @@ def _main(argv: Sequence[str] | None) -> int:
         os.environ[RUN_TOKEN_ENV] = token
         record_driver(pids_dir, token)
     try:
-        return _search(plan, args.address, sampler=sampler, seed=seed, max_trials=max_trials,
-                       resume=exists, t0=t0)
+        return _search(plan, args.address, sampler=run.sampler, seed=run.seed,
+                       max_trials=run.max_trials, resume=exists, t0=t0)
     except KeyboardInterrupt:
         print(f"interrupted: the run is kept in {plan.run_dir}; the same command resumes it",
               file=sys.stderr)
         return 130
     finally:
-        # A second Ctrl-C must not cut the clean-up short.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            import ray
-            if ray.is_initialized():
-                ray.shutdown()
-            if not args.address:
-                end_driver_processes(token, os.getpid())
-                forget_driver(pids_dir)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        _clean_up(args.address, token, pids_dir)
+
+
+def _plan(args: argparse.Namespace) -> tuple[RunPlan, bool, str | None]:
+    """The run the command asks for (`plan_run`), whether it resumes one, and what differs from
+    the experiment the run was started with (`changes.check`); ConfigError where the command
+    contradicts the run dir."""
+    path = args.experiment
+    if path == DEFAULT_EXPERIMENT and not Path(path).exists() and _PROJECT_EXPERIMENT.exists():
+        path = str(_PROJECT_EXPERIMENT)
+    exp = load_experiment(path)
+    plan = plan_run(exp, args)
+    if args.fresh and plan.is_uri:
+        raise ConfigError(f"--fresh with a URI storage: give the new run another --name "
+                          f"(the run {plan.run_dir} is kept)")
+    exists = can_resume(plan) if not args.fresh else False
+    if args.resume and not exists:
+        raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
+    # An edited experiment must not go on with the old one's results (changes.py).
+    differs = None if args.fresh else changes.check(exp, plan.run_dir)
+    return plan, exists, differs
+
+
+class _Settings(NamedTuple):
+    sampler: str
+    seed: int
+    max_trials: int
+    max_concurrent: int
+
+
+def _settings(args: argparse.Namespace, plan: RunPlan, own: dict | None
+              ) -> tuple[_Settings, str | None]:
+    """The sampler, seed, trial cap and trials at a time the search runs with: the command's,
+    else the experiment's; for a resumed run (`own`: the settings it was started with, None for
+    a new run) its own where it recorded them, with the line that names the flags it ignores."""
+    exp = plan.exp
+    run = _Settings(sampler=args.sampler or exp.search.sampler,
+                    seed=exp.search.seed if args.seed is None else args.seed,
+                    max_trials=args.max_trials or exp.search.max_trials,
+                    max_concurrent=exp.search.max_concurrent)
+    if own is None:
+        return run, None
+    # The resumed searcher and Tune keep what the run was started with.
+    given = {"sampler": args.sampler, "seed": args.seed, "max_trials": args.max_trials}
+    ignored = [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+               if v is not None and v != own.get(k)]
+    line = None
+    if ignored:
+        line = (f"{', '.join(ignored)}: ignored when resuming; the search goes on with the "
+                f"sampler, seed and trial cap it was started with"
+                + (f" ({own['sampler']}, seed {own['seed']}, {own['max_trials']} trials)"
+                   if own else " (the trials table records the sampler)"))
+    return run._replace(**{k: own[k] for k in run._fields if k in own}), line
+
+
+def _end_leftovers(plan: RunPlan, pids_dir: Path) -> None:
+    """What a killed driver of this run left: its servers (their pidfiles), then everything
+    else it started (Ray's agents and workers: by the token its processes inherited).
+    RunInUse where that driver still runs."""
+    left = reap_driver(pids_dir)
+    if not plan.is_uri:
+        ended = reap_orphans(pids_dir)
+        if ended:
+            say(f"ended {len(ended)} server(s) left running by the interrupted run: {ended}")
+    if left:
+        say(f"ended {len(left)} process(es) left by the interrupted search (Ray's agents and "
+            f"workers): {left}")
+
+
+def _clean_up(address: str | None, token: str, pids_dir: Path) -> None:
+    """Ray shut down and, on a local cluster, every process the search started ended."""
+    # A second Ctrl-C must not cut the clean-up short.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+        if not address:
+            end_driver_processes(token, os.getpid())
+            forget_driver(pids_dir)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _search(plan: RunPlan, address: str | None, *, sampler: str, seed: int, max_trials: int,

@@ -13,16 +13,18 @@ Repeats never reach Optuna (the study sees each configuration once). The whole s
 into Tune's experiment dir, so an interrupted search resumes with it.
 
 Both stop the search early (`suggest` returns `Searcher.FINISHED`; trials already running
-finish) when trials keep failing for a reason no config changes (`FailureStreak`): a workload
-the server refuses, a model path that does not exist, a boot timeout too short for the model.
+finish) when trials keep failing for a reason no config changes (`failures.FailureStreak`): a
+workload the server refuses, a model path that does not exist, a boot timeout too short for the
+model.
 
-`ProposalSpace` is the define-by-run space handed to OptunaSearch: it adds to each proposed
-config what proposed it (`SAMPLER_KEY`, `JUMP_KEY`).
+`proposals.ProposalSpace` is the define-by-run space handed to OptunaSearch: it adds to each
+proposed config what proposed it (`SAMPLER_KEY`, `JUMP_KEY`).
 
-The contract with the trainable is the config keys below (`REPEAT_KEY`, `JUMP_KEY`,
-`SAMPLER_KEY`) and the final result's keys: the metric ("score", or one per Pareto metric),
-"feasible", "status", "reason" and `MEASURED_KEY` (what the trial measured, as JSON text,
-handed to Optuna as the trial's "measured" attr for the samplers).
+The contract with the trainable is the config keys (`REPEAT_KEY` below; `JUMP_KEY`,
+`SAMPLER_KEY` from `proposals`, exported here too) and the final result's keys: the metric
+("score", or one per Pareto metric), "feasible", "status", "reason" and `MEASURED_KEY` (what
+the trial measured, as JSON text, handed to Optuna as the trial's "measured" attr for the
+samplers).
 
 This is the one module that touches Ray Tune's and OptunaSearch's internals: OptunaSearch
 keeps its Optuna trials by Tune trial id in `_ot_trials` and its study in `_ot_study`, with no
@@ -35,19 +37,19 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import re
 from typing import Any
 
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from ..objective import Robust, noise_band
-from ..samplers import DECISION_ATTR
-from ..samplers.answered import PLATEAU_ANSWER_ATTR
 from ..samplers.observations import PREDICTED_ATTR
-from ..space import DefineByRun
+from .failures import FAILURE_STREAK, FailureStreak, failure_signature
+from .proposals import BRACKET_KEY, JUMP_KEY, PLATEAU_ANSWER_KEY, SAMPLER_KEY, ProposalSpace
 from .stopping import PREDICTED_KEY, KVGate, StopRule
 
+# FailureStreak and ProposalSpace pickle with the searcher: runs saved before they had modules
+# of their own (failures.py, proposals.py) name them here, so this module keeps exporting them.
 __all__ = [
     "BRACKET_KEY", "FAILURE_STREAK", "INFEASIBLE_SCORE", "JUMP_KEY", "MAX_DUPLICATES",
     "MEASURED_KEY", "PLATEAU_ANSWER_KEY", "PREDICTED_ATTR", "PREDICTED_KEY", "REPEAT_KEY",
@@ -59,12 +61,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 REPEAT_KEY = "_repeat"          # config key: 0 = explored by Optuna, n = n-th re-measurement
-JUMP_KEY = "_jump_reason"       # config key: why the plateau sampler proposed this point
-BRACKET_KEY = "_bracket_reason"  # config key: why the hybrid booted a plateau jump's bracket
-PLATEAU_ANSWER_KEY = "_plateau_answered"  # config key: plateau questions the model answered
-                                # while this point was proposed (JSON list of sentences)
-SAMPLER_KEY = "_sampler"        # config key: the sampler that proposed it ("enqueued": the
-                                # experiment's own point)
 MAX_DUPLICATES = 25             # repeated proposals answered from data before giving up
 MEASURED_KEY = "measured"       # final result key: what the trial measured, as JSON text (a
                                 # dict would be flattened by Tune)
@@ -75,152 +71,9 @@ STOP_ATTR = "stop_reason"       # Optuna study user attr: why exploring stopped 
 SKIPPED_ATTR = "kv_skipped"     # Optuna study user attr: boots the KV gate did not make
 
 
-# The stop rule: this many trials in a row, at distinct configs, failed with the same reason.
-FAILURE_STREAK = 3
-# Distinct configs the server refuses with the same argument error before the refusal counts
-# as the experiment's, not the points' (SGLang refusing every speculative argv of a hybrid
-# model with radix cache on, say).
-REFUSAL_STREAK = 2
-
-_NOISE = [  # what differs between two boots failing the same way: masked in a signature
-    (re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?"), "<time>"),
-    (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
-    (re.compile(r"\b((?:\d{1,3}\.){3}\d{1,3}|localhost|\[[0-9a-fA-F:]+\]):\d+"), r"\1:<port>"),
-    (re.compile(r"\b(pid|port)([ =:#]*)\d+", re.IGNORECASE), r"\1\2<n>"),
-    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x<addr>"),
-]
-
-
-def failure_signature(reason: str) -> str:
-    """A failure reason with what changes from one boot to the next masked: whitespace runs,
-    timestamps, host:port, pids and ports, hex addresses. Every other number is kept: token
-    counts and the server's limits (a KV pool that grows with mem_fraction_static) tell
-    config-dependent failures apart."""
-    text = " ".join(reason.split())
-    for pattern, repl in _NOISE:
-        text = pattern.sub(repl, text)
-    return text
-
-
-class FailureStreak:
-    """Trials that keep failing for a reason no config changes: the search should stop.
-
-    The rule, over finished trials in the order they finish: when `limit` (FAILURE_STREAK)
-    trials in a row at distinct configs have status "failed" with the same `failure_signature`
-    of their reason, the cause is not the point (every request refused by the server, its
-    binary crashing at every boot) and booting more points would only spend GPU hours on it.
-    In the row:
-    - a trial that is "ok" ends the streak (some config serves), and so does a "failed" one
-      with another reason (it starts a new streak);
-    - a trial that never served, "infeasible" (the server refused that config at start-up:
-      OOM, KV memory; a property of the point) or "pruned" (never booted), is skipped: it says
-      nothing about the cause, and neither counts nor breaks the streak;
-    - a re-measurement of a config already in the streak keeps it but does not count twice.
-    Once tripped it stays tripped (`tripped` holds the one line that says why).
-
-    A second rule watches the server's refusals of its arguments ("infeasible" with reason
-    "invalid_args: ..."): the same refusal at REFUSAL_STREAK distinct configs (not in a row)
-    is the experiment's problem, not the points' (a flag every boot needs is missing), and it
-    trips too. Refusals for memory (oom, kv_memory) stay properties of the point."""
-
-    def __init__(self, limit: int = FAILURE_STREAK) -> None:
-        self.limit = limit
-        self.signature: str | None = None
-        self.reason = ""                      # the streak's first reason, as the trial gave it
-        self.configs: set[str] = set()
-        self.tripped: str | None = None
-        self.refusals: dict[str, tuple[str, set[str]]] = {}   # signature -> (reason, configs)
-
-    def observe(self, config_key: str, status: str | None, reason: str | None) -> None:
-        if self.tripped is not None:
-            return
-        if status == "infeasible" and (reason or "").startswith("invalid_args"):
-            # (setdefault on __dict__: a searcher pickled before this rule has no refusals)
-            refusals = self.__dict__.setdefault("refusals", {})
-            first, configs = refusals.setdefault(failure_signature(reason or ""),
-                                                 (reason or "", set()))
-            configs.add(config_key)
-            if len(configs) >= REFUSAL_STREAK:
-                self.tripped = (f"the search stopped early: the server refused its arguments "
-                                f"the same way at {len(configs)} distinct configs (a cause "
-                                f"that does not depend on the point): {first}")
-            return
-        if status in (None, "infeasible", "pruned"):
-            return
-        if status != "failed":
-            self.signature, self.reason, self.configs = None, "", set()
-            return
-        signature = failure_signature(reason or "")
-        if signature != self.signature:
-            self.signature, self.reason, self.configs = signature, reason or "", set()
-        self.configs.add(config_key)
-        if len(self.configs) >= self.limit:
-            n = len(self.configs)
-            self.tripped = (f"the search stopped early: {n} trials in a row, at {n} distinct "
-                            f"configs, failed with the same reason (a cause that does not "
-                            f"depend on the config): {self.reason}")
-
-
 def params_key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if not k.startswith("_")},
                       sort_keys=True, default=str)
-
-
-class ProposalSpace(DefineByRun):
-    """The define-by-run space, adding to the trial's config, for the tables and progress, what
-    proposed the point: the sampler that ran (`enqueued` for the experiment's own points) and
-    the plateau sampler's reason. Pickled with the searcher, so a resumed search records the
-    sampler it runs."""
-
-    def __init__(self, space: Any, fixed: Any, sampler: str) -> None:
-        super().__init__(space, fixed)
-        self.sampler = sampler
-
-    def __call__(self, trial: Any) -> dict[str, Any] | None:
-        constants = super().__call__(trial) or {}
-        reason = trial.user_attrs.get("jump_reason")
-        if reason:
-            constants[JUMP_KEY] = reason
-        decision = trial.user_attrs.get(DECISION_ATTR)
-        if isinstance(decision, dict) and decision.get("bracket"):
-            constants[BRACKET_KEY] = decision.get("why") or "bracket"
-        answered = trial.user_attrs.get(PLATEAU_ANSWER_ATTR)
-        if answered:
-            # Plateau questions the model answered without a boot while this point was
-            # proposed: recorded with the trial that was booted instead.
-            constants[PLATEAU_ANSWER_KEY] = json.dumps(list(answered))
-        constants[SAMPLER_KEY] = "enqueued" if _enqueued(trial) else self.sampler
-        predicted = _predict(trial)
-        if predicted is not None:
-            # What the model predicted before the boot, recorded with the trial (the report's
-            # predicted-vs-measured table; the KV gate reads its p_feasible).
-            constants[PREDICTED_KEY] = json.dumps(predicted)
-            trial.set_user_attr(PREDICTED_ATTR, predicted)
-        return constants
-
-
-def _predict(trial: Any) -> dict[str, Any] | None:
-    """The sampler's model's prediction for the trial's point, when it has one."""
-    predict = getattr(trial.study.sampler, "predict", None)
-    if predict is None:
-        return None
-    try:
-        out = predict(trial.study, dict(trial.params))
-    except Exception:  # a prediction is advice: never the reason a trial does not run
-        log.debug("no prediction for trial %s", trial.number, exc_info=True)
-        return None
-    return out if isinstance(out, dict) else None
-
-
-def _enqueued(trial: Any) -> bool:
-    """Whether Optuna took this trial's parameters from `enqueue_trial` (its `fixed_params`
-    system attribute), read through the public FrozenTrial."""
-    from optuna.trial import TrialState
-
-    for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number == trial.number:
-            return "fixed_params" in t.system_attrs
-    return False
 
 
 class SpecOptunaSearch(OptunaSearch):
