@@ -16,6 +16,11 @@ from typing import Any
 
 from .reader import MISSING, Table
 
+# The engines an experiment may name. The one list outside backends/ that a new engine touches:
+# config reads an experiment before anything else runs and imports nothing downstream of it
+# (config -> search -> trial -> backends), so it cannot ask the registry. The backends'
+# contract suite (tests/unit/backends/test_backend_contract.py) fails until this list, the
+# registry (`backends.BACKENDS`) and the suite's own table name the same engines.
 BACKEND_KINDS = ("sim", "sglang", "vllm", "llamacpp")
 APIS = ("generate", "completions", "chat")
 # The engines whose server is a Python module that backend.python may run.
