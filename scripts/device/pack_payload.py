@@ -178,9 +178,10 @@ LEAVE_OUT: dict[str, dict[str, str]] = {
         "quack-kernels": "CuTe-DSL kernels for the GDN chunk and DSA indexer ops only "
                          "(model_executor/layers/mamba/ops/gdn_chunk_cutedsl/, "
                          "model_executor/kernels/attention/dsa/); needs nvidia-cutlass-dsl",
-        "xgrammar": "structured output only: the xgrammar backend loads it through LazyLoader "
-                    "(v1/structured_output/backend_xgrammar.py:30) when the first request "
-                    "with a grammar arrives; the route's requests carry none; 43 MiB",
+        # Not xgrammar: LazyLoader defers it (v1/structured_output/backend_xgrammar.py:30),
+        # but the dataclass field `matcher: xgr.GrammarMatcher` (line 145) is evaluated when
+        # the module is imported, and v1/request.py imports the module: the server did not
+        # start without it on the H100 (2026-12-06, "No module named 'xgrammar'").
     },
 }
 
