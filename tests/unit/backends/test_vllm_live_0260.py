@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from specdecode_tune.backends import get_backend, prometheus, speccounters
 from specdecode_tune.server.failures import classify_failure
+from tests.unit.backends.test_backend_contract import Replay
 
 LIVE = Path(__file__).resolve().parents[2] / "data" / "vllm-0.26.0"
 VLLM = get_backend("vllm")
@@ -41,24 +40,9 @@ def idle_server() -> Iterator[str]:
     """The healthy server's idle answers at the backend's own paths, on loopback."""
     files = {path: LIVE / name for name, path in VLLM.raw_paths}
     files["/metrics"] = LIVE / "metrics-before.txt"
-    answers = {path: f.read_bytes() for path, f in files.items() if f.is_file()}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = answers.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Length", str(len(body or b"")))
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    replay = Replay({path: f.read_bytes() for path, f in files.items() if f.is_file()})
+    yield replay.url
+    replay.close()
 
 
 def test_the_kv_budget_read_is_the_one_the_log_states(idle_server: str) -> None:
