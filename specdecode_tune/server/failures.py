@@ -99,15 +99,20 @@ def _first(pattern: re.Pattern[str] | None, lines: Sequence[str]) -> str | None:
     return None
 
 
-def _exit_text(returncode: int) -> str:
+def _exit_text(returncode: int, raised: bool) -> str:
+    """How the process ended; `raised`: its log shows an exception."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
         text = f"killed by {name}"
-        if -returncode == signal.SIGKILL:
-            # Nobody here sent it during boot; the kernel's OOM killer is the usual sender.
+        if -returncode == signal.SIGKILL and not raised:
+            # Nobody here sent it during boot; with no error in the log, the kernel's OOM
+            # killer is the usual sender. After an error it is the server's own clean-up:
+            # SGLang's launcher kills its process tree with SIGKILL when a child fails
+            # (engine.py `launch_phase_sigquit_handler` -> `kill_process_tree`; seen on 0.5.17
+            # after a RuntimeError in the draft worker's CUDA graph capture).
             text += " (host out of memory? the kernel's OOM killer sends SIGKILL)"
         return text
     return f"exit code {returncode}"
@@ -166,8 +171,8 @@ def classify_failure(returncode: int | None, log_tail: str,
         if line is not None:
             return "invalid_args", short(line)
 
-    exit_text = _exit_text(returncode)
     culprit = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.search(ln)), None)
+    exit_text = _exit_text(returncode, raised=culprit is not None)
     if culprit is None:
         culprit = _last(lines)
     if returncode == 0:

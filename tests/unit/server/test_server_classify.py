@@ -147,6 +147,15 @@ RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:268, u
 [2026-11-29 10:07:01] Received sigquit from a child process. It usually means the child failed.
 """
 
+# SGLang 0.5.17 on an H100 (2026-12-06), steps 8 / topk 2 / 8 draft tokens: the line the
+# recorder kept as the reason (the whole log did not come back), then SGLang's clean-up, which
+# ends the launcher with SIGKILL (engine.py `launch_phase_sigquit_handler`).
+SGLANG_0517_SHORT_TREE = """\
+RuntimeError: The expanded size of the tensor (8) must match the existing size (9) at \
+non-singleton dimension 1.  Target sizes: [1, 8].  Tensor sizes: [9]
+[2026-12-06 16:47:10] Received sigquit from a child process. It usually means the child failed.
+"""
+
 CASES = [
     # (name, returncode, log tail, kind, text the reason must hold)
     ("sglang-oom", -9, SGLANG_OOM, "oom", "torch.OutOfMemoryError: CUDA out of memory"),
@@ -168,6 +177,8 @@ CASES = [
     ("graph-not-oom", 1, SGLANG_GRAPH_NOT_OOM, "crashed", "illegal memory access"),
     ("model-value-error", 1, MODEL_VALUE_ERROR, "crashed", "ValueError: bad tensor"),
     ("nccl", -9, NCCL_CRASH, "crashed", "RuntimeError: NCCL error"),
+    ("sglang-0.5.17-short-tree", -9, SGLANG_0517_SHORT_TREE, "crashed",
+     "killed by SIGKILL: RuntimeError: The expanded size of the tensor (8)"),
     ("segfault", -11, "Fatal Python error: Segmentation fault\n", "crashed", "SIGSEGV"),
     ("silent-sigkill", -9, "Loading safetensors checkpoint shards:  40%\n", "crashed",
      "OOM killer"),
@@ -194,6 +205,15 @@ def test_classify_failure(returncode: int | None, tail: str, kind: str, in_reaso
     got_kind, reason = classify_failure(returncode, tail)
     assert (got_kind, in_reason in reason) == (kind, True), reason
     assert "\n" not in reason and len(reason) <= 300
+
+
+def test_a_sigkill_after_an_error_is_not_blamed_on_host_memory() -> None:
+    """SGLang's launcher SIGKILLs its own process tree when a child fails: with the child's
+    exception in the log, the reason quotes it and guesses no OOM killer; with nothing in the
+    log, the OOM killer stays the likely sender."""
+    for tail in (SGLANG_0517_SHORT_TREE, NCCL_CRASH):
+        assert "OOM killer" not in classify_failure(-9, tail)[1]
+    assert "OOM killer" in classify_failure(-9, "Loading safetensors shards:  40%\n")[1]
 
 
 def test_reason_has_no_terminal_colours() -> None:
