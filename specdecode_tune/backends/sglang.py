@@ -47,6 +47,7 @@ from .sglang_releases import (
     local_architecture,
     radix_spec_refusal,
     renamed,
+    short_tree_crash,
 )
 from .sglang_schedule import SCHEDULE_ABOUT, SCHEDULE_FILE, SCHEDULE_TITLE, adaptive_config
 from .sglang_wire import GENERATED, STREAM_FORMAT, V1_LOADS, VERIFY_CALLS, load_count, spec_counters
@@ -55,6 +56,14 @@ from .streamformat import StreamFormat
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
 METRICS_TIMEOUT_S = 1.5
+
+
+def _flag_int(argv: Sequence[str], flag: str) -> int | None:
+    """The integer after `flag` in `argv`, or None (absent, last, not an integer)."""
+    try:
+        return int(argv[list(argv).index(flag) + 1])
+    except (ValueError, IndexError):
+        return None
 NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
                         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
@@ -188,9 +197,10 @@ class SGLangBackend:
                  ) -> list[str | None]:
         """`check_args` for several command lines in one run of SGLang's parser: per argv, the
         one-line refusal or None."""
+        known = [self.known_crash(cfg, a) for a in argvs]
         python = self.argcheck_python(cfg)
         if python is None or not argvs:
-            return [None] * len(argvs)
+            return known
         head = len(self._head(cfg))
         cases = [{"argv": without_endpoint(list(a[head:])), "env": self.env(cfg)}
                  for a in argvs]
@@ -199,9 +209,21 @@ class SGLangBackend:
         found = answer.get("cases")
         if not isinstance(found, list) or len(found) != len(argvs):
             return [None] * len(argvs)
-        return [None if a.get("ok") or not a.get("refused") else
-                f"backend: SGLang {answer.get('sglang')}'s own argument check refuses the "
-                f"command line: {a.get('error')}" for a in found]
+        return [k or (None if a.get("ok") or not a.get("refused") else
+                      f"backend: SGLang {answer.get('sglang')}'s own argument check refuses "
+                      f"the command line: {a.get('error')}") for k, a in zip(known, found)]
+
+    def known_crash(self, cfg: BackendConfig, argv: Sequence[str],
+                    version: str | None = None) -> str | None:
+        """A command line SGLang's argument checks pass and its boot is known to crash on, in
+        the release the servers run (`version`, default `engine_version`), as a one-line
+        refusal; None otherwise (sglang_releases.py: each with where it was seen)."""
+        triple = [_flag_int(argv, flag) for _, flag in _SPEC_FLAGS]
+        if None in triple:
+            return None
+        steps, topk, draft = (int(v) for v in triple if v is not None)
+        why = short_tree_crash(steps, topk, draft, version or self.engine_version(cfg)[0])
+        return f"backend: {why}" if why else None
 
     def argcheck_python(self, cfg: BackendConfig) -> str | None:
         """The Python whose sglang checks command lines, or None where there is none: a

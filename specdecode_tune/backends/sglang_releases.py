@@ -43,6 +43,27 @@ RADIX_SPEC_ALLOWED_SINCE = "0.5.14"
 RENAMED_FLAGS = {"cuda_graph_max_bs": ("0.5.14", "cuda_graph_max_bs_decode"),
                  "mamba_scheduler_strategy": ("0.5.14", "mamba_radix_cache_strategy")}
 
+# From 0.5.16 the EAGLE draft-extend CUDA graphs are captured at the draft tree's width,
+# num_draft_tokens per request (eagle_draft_extend_cuda_graph_runner.py `captured_req_width`
+# via spec_utils.py `resolve_num_tokens_per_req`; 0.5.10.post1 to 0.5.12: num_steps + 1). A
+# tree narrower than its depth, topk > 1 with num_draft_tokens < steps + 1, passes the argument
+# checks and crashes in that capture. Seen on an H100 with 0.5.17 (2026-12-06, docs/gpu-runs.md):
+# steps 8 at topk 2 and 4 with 8 draft tokens crashed, "RuntimeError: The expanded size of the
+# tensor (8) must match the existing size (9) at non-singleton dimension 1"; steps 4 and 6 with 8
+# booted. 0.5.13-0.5.15 were not read: the boot decides there.
+SHORT_TREE_CRASH_SINCE = "0.5.16"
+
+
+def short_tree_crash(steps: int, topk: int, draft: int, version: str) -> str | None:
+    """Why SGLang `version` crashes at boot on this draft tree, or None."""
+    if topk > 1 and draft < steps + 1 and at_least(version, SHORT_TREE_CRASH_SINCE):
+        return (f"speculative_num_draft_tokens = {draft} < speculative_num_steps + 1 = "
+                f"{steps + 1} at speculative_eagle_topk = {topk}: SGLang {version} crashes at "
+                f"boot (its draft-extend CUDA graphs are {draft} tokens wide, the draft "
+                f"{steps + 1} deep; releases >= {SHORT_TREE_CRASH_SINCE}); use at least "
+                f"{steps + 1} draft tokens or fewer steps")
+    return None
+
 
 def radix_spec_refusal(arch: str) -> str:
     """SGLang's words for that refusal (sic: no space after the first period)."""

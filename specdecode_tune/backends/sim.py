@@ -49,7 +49,11 @@ class SimBackend(SGLangBackend):
 
     def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
                  ) -> list[str | None]:
-        return each_refusal(lambda argv: self.check_args(cfg, argv), argvs)
+        # The crashes known of the release it imitates first, as for SGLang (the simulator
+        # crashes on them at boot as that release does).
+        version = cfg.engine_version or DEFAULT_VERSION
+        return [self.known_crash(cfg, argv, version) or refused for argv, refused
+                in zip(argvs, each_refusal(lambda argv: self.check_args(cfg, argv), argvs))]
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only

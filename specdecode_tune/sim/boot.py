@@ -262,8 +262,12 @@ def _capture_headroom(profile: Profile, args: Mapping[str, Any], n: int,
 
 
 def _check_draft_pool(shape: _Shape, version: str) -> None:
-    """StartupError ("crashed") where the draft tree keeps more nodes than SGLang scores."""
+    """StartupError ("crashed") where the draft tree keeps more nodes than SGLang scores, or,
+    from 0.5.16, is narrower than it is deep."""
     pool = draft_candidates(shape.steps, shape.topk)
+    short = releases.short_tree_crash(shape.steps, shape.topk, shape.n, version)
+    if shape.draft_model and short is not None:
+        raise StartupError("crashed", short)
     if shape.draft_model and shape.n - 1 > pool:
         # SGLang's argument checks take any draft count; the draft worker's CUDA graph capture
         # runs draft_forward, whose organize_draft_results does torch.topk(scores, n - 1) over

@@ -33,6 +33,10 @@ KV_NO_BUDGET_SINCE = "0.5.14"
 CAPTURE_HINT_SINCE = "0.5.14"
 SPEC_METRICS_SINCE = "0.5.13"
 MEMORY_USAGE_BY_PHASE_SINCE = "0.5.17"
+# A tree narrower than its depth (topk > 1, draft tokens < steps + 1) crashes in the draft-extend
+# CUDA graph capture, whose width is the draft tokens from 0.5.16 (the backend's
+# sglang_releases.SHORT_TREE_CRASH_SINCE, with where it was seen).
+SHORT_TREE_CRASH_SINCE = "0.5.16"
 # /v1/loads, and /get_load as its deprecated shim (the backend's in_flight reads the former).
 V1_LOADS_SINCE = "0.5.11"
 GET_LOAD_DEPRECATED = ("Endpoint '/get_load' is deprecated and will be removed in a future "
@@ -119,3 +123,13 @@ def memory_usage(version: str, speculative: bool, *, weight_gb: float, kv_gb: fl
     return {"weight": round(weight_gb, 3), "kvcache": round(kv_gb, 3),
             "startup_available": round(available_gb, 3), "token_capacity": tokens,
             "token_capacity_swa": None, "graph": {phase: round(graph_gb, 3)}}
+
+
+def short_tree_crash(steps: int, topk: int, n: int, version: str) -> str | None:
+    """SGLang `version`'s last words where a draft tree narrower than its depth crashes its
+    boot (0.5.17 on an H100, steps 8 / topk 2 / 8 draft tokens), or None."""
+    if topk > 1 and n < steps + 1 and at_least(version, SHORT_TREE_CRASH_SINCE):
+        return (f"RuntimeError: The expanded size of the tensor ({n}) must match the existing "
+                f"size ({steps + 1}) at non-singleton dimension 1.  Target sizes: [1, {n}].  "
+                f"Tensor sizes: [{steps + 1}]")
+    return None

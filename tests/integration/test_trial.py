@@ -161,6 +161,23 @@ def test_point_the_rules_refuse_is_never_booted(tmp_path: Path) -> None:
     assert not (tmp_path / "logs" / "t-bad.log").exists()
 
 
+def test_a_tree_the_servers_release_crashes_on_is_never_booted(tmp_path: Path) -> None:
+    """SGLang >= 0.5.16 crashes at boot on a tree narrower than deep (seen on 0.5.17, an H100):
+    the backend knows it from the release the servers run and spends no boot; the release
+    before boots it."""
+    text = EXP.read_text().replace("[backend]\n", '[backend]\nengine_version = "0.5.17"\n', 1)
+    path = tmp_path / "sim-0517.toml"
+    path.write_text(text)
+    ctx = TrialContext(run_dir=str(tmp_path / "run"), local_dir=tmp_path / "logs",
+                       trial_id="t-short")
+    point = {"speculative_num_steps": 8, "speculative_eagle_topk": 2,
+             "speculative_num_draft_tokens": 8}
+    result = run_trial(load_experiment(path), point, ctx)
+    assert result.status == "infeasible" and "checked before a boot" in result.reason
+    assert "speculative_num_draft_tokens = 8 < speculative_num_steps + 1 = 9" in result.reason
+    assert result.facts.boot_s is None and not (tmp_path / "logs" / "t-short.log").exists()
+
+
 def test_killing_the_trial_midway_leaves_no_server(tmp_path: Path) -> None:
     """SIGKILL the process running a trial while it measures: its server must not survive
     (the server leads its own process group; the next run reaps it by pidfile)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from specdecode_tune import backends
 from specdecode_tune.backends import (
     BACKENDS,
     get_backend,
@@ -21,6 +22,7 @@ from specdecode_tune.backends.vllm import speculative_config
 from specdecode_tune.config import BackendConfig
 from specdecode_tune.config.reader import Table
 from specdecode_tune.errors import ConfigError
+from specdecode_tune.sim import releases as sim_releases
 from specdecode_tune.sim.arguments import RADIX_SPEC_REFUSED, StartupError, normalize_params
 from specdecode_tune.sim.profile import load_profile
 from specdecode_tune.space import resolve
@@ -312,6 +314,32 @@ def test_sglang_refuses_a_local_hybrid_models_speculation_with_radix_cache(
     b.validate(sglang_cfg())     # a hub id: the server's own check decides
     # The simulator refuses at boot instead, as SGLang does (its profile names the model).
     get_backend("sim").validate(sglang_cfg(kind="sim", model_path=cfg.model_path))
+
+
+def test_a_tree_narrower_than_deep_is_refused_for_the_releases_that_crash_on_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang 0.5.16 on captures its draft-extend graphs at the draft-token width and crashes
+    at boot when the tree is narrower than deep (topk > 1, draft < steps + 1; seen on 0.5.17):
+    the backend refuses such a command line without a boot, for those releases only, and the
+    simulator does the same for the release it imitates."""
+    monkeypatch.setattr(sglang, "installed_version", lambda: None)
+    # (the simulator's default profile is a hybrid model: no radix cache, as SGLang wants)
+    points = [{"speculative_num_steps": s, "speculative_eagle_topk": k,
+               "speculative_num_draft_tokens": n, "disable_radix_cache": True} for s, k, n in
+              ((8, 2, 8), (8, 4, 8), (8, 2, 9), (6, 2, 8), (3, 1, 4))]
+    for kind in ("sglang", "sim"):
+        for version, refused in (("0.5.17", [True, True, False, False, False]),
+                                 ("0.5.16", [True, True, False, False, False]),
+                                 ("0.5.14", [False] * 5), (None, [False] * 5)):
+            cfg = sglang_cfg(kind=kind, engine_version=version, model_path="m")
+            got = backends.refusals(cfg, points)
+            assert [g is not None for g in got] == refused, (kind, version, got)
+            if refused[0]:
+                assert got[0] is not None and "\n" not in got[0]
+                assert got[0].startswith("backend: speculative_num_draft_tokens = 8 < "
+                                         "speculative_num_steps + 1 = 9 at "
+                                         "speculative_eagle_topk = 2: SGLang")
+    assert sim_releases.SHORT_TREE_CRASH_SINCE == sglang_releases.SHORT_TREE_CRASH_SINCE
 
 
 def test_the_simulator_copies_the_backends_hybrid_list_and_words() -> None:

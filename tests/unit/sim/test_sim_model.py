@@ -215,6 +215,24 @@ def test_more_draft_tokens_than_the_tree_holds_fails_at_boot_as_sglang_does() ->
     assert draft_candidates(4, 1) == 4
 
 
+def test_a_tree_narrower_than_deep_crashes_the_boot_of_sglang_0_5_16_on() -> None:
+    # SGLang 0.5.17 on an H100 (2026-12-06): steps 8 / topk 2 / 8 draft tokens crashed in the
+    # draft-extend CUDA graph capture (as wide as the draft tokens from 0.5.16); steps 6 with 8
+    # booted. The argument checks pass it; 0.5.10.post1, the default release, boots it.
+    point = spec(8, 2, 8, cuda_graph_max_bs=16, mem_fraction_static=0.9)
+    normalize_params(PROFILE, {**point, "sglang_version": "0.5.17"})
+    with pytest.raises(StartupError) as e:
+        startup(PROFILE, {**point, "sglang_version": "0.5.17"})
+    assert e.value.kind == "crashed" and e.value.message == (
+        "RuntimeError: The expanded size of the tensor (8) must match the existing size (9) at "
+        "non-singleton dimension 1.  Target sizes: [1, 8].  Tensor sizes: [9]")
+    for steps, draft, version in ((6, 8, "0.5.17"), (8, 9, "0.5.16")):
+        ok = spec(steps, 2, draft, cuda_graph_max_bs=16, mem_fraction_static=0.9)
+        assert startup(PROFILE, {**ok, "sglang_version": version}).draft_tokens == draft
+    assert startup(PROFILE, point).draft_tokens == 8
+    assert startup(PROFILE, {**point, "sglang_version": "0.5.14"}).draft_tokens == 8
+
+
 def test_the_simulator_and_the_space_agree_on_the_draft_limit() -> None:
     # The space (what the search boots) and the simulator (what SGLang boots) hold the same
     # limit, each written from SGLang's code; the contract tests check the space against it.
