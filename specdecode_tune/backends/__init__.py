@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from ..config import BackendConfig
 from ..errors import ConfigError
 from ..records import ServerFacts
+from ..space import is_baseline, resolve
 from . import files
 from .failurepatterns import FailurePatterns, union
 from .files import LocalFile
@@ -146,6 +147,15 @@ class ChecksArgs(Protocol):
         the simulator: `common.each_refusal`): per argv, the one-line refusal or None."""
 
 
+@runtime_checkable
+class KnowsCrashes(Protocol):
+    """A backend that knows command lines its engine's checks pass and its boot crashes on."""
+
+    def known_crash(self, cfg: BackendConfig, argv: Sequence[str],
+                    version: str | None = None) -> str | None:
+        """The one-line reason, or None."""
+
+
 BACKENDS: dict[str, Backend] = {
     "sglang": SGLangBackend(),
     "sim": SimBackend(),
@@ -191,6 +201,19 @@ def refusals(cfg: BackendConfig, points: Sequence[Mapping[str, Any]]) -> list[st
     if not isinstance(backend, ChecksArgs):
         return [None] * len(points)
     return list(backend.refusals(cfg, [backend.argv(cfg, p, 0) for p in points]))
+
+
+def known_refusal(cfg: BackendConfig, sampled: Mapping[str, Any]) -> str | None:
+    """Why a boot of this sampled point is known to crash on the servers' release (SGLang >=
+    0.5.16: a draft tree narrower than deep), without a boot or a run of the engine's parser,
+    or None. Cheap enough for every proposal of a search (`search.stopping.KVGate`)."""
+    backend = get_backend(cfg.kind)
+    if not isinstance(backend, KnowsCrashes):
+        return None
+    params = resolve(sampled, cfg.flags)
+    if is_baseline(params):
+        return None
+    return backend.known_crash(cfg, backend.argv(cfg, params, 0))
 
 
 def schedule_files(cfg: BackendConfig | None, ask: ScheduleAsk | None) -> list[ScheduleFile]:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 PREDICTED_KEY = "_predicted"     # config key: the model's prediction at proposal time (JSON)
@@ -96,9 +96,11 @@ class StopRule:
 
 
 class KVGate:
-    """Skips boots the fitted KV model is sure the server refuses."""
+    """Skips boots the fitted KV model is sure the server refuses, and (`known`) boots the
+    servers' release is known to crash on (`backends.known_refusal`)."""
 
-    def __init__(self, *, max_p_feasible: float = 0.05, after_refusal: float = 0.9) -> None:
+    def __init__(self, *, max_p_feasible: float = 0.05, after_refusal: float = 0.9,
+                 known: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
         if not (isinstance(max_p_feasible, (int, float)) and 0 <= max_p_feasible < 1):
             raise ValueError(f"max_p_feasible must be in [0, 1), got {max_p_feasible!r}")
         if not (isinstance(after_refusal, (int, float))
@@ -108,12 +110,20 @@ class KVGate:
         self.max_p_feasible = float(max_p_feasible)
         self.after_refusal = float(after_refusal)
         self.skipped: list[dict[str, Any]] = []
+        self.known = known          # picklable (a partial of a module-level function)
 
     def refuses(self, config: Mapping[str, Any], refused_before: bool = False) -> str | None:
         """Why this proposal is not booted (a sentence), or None to boot it. Reads the
         prediction the proposal carries (`PREDICTED_KEY`). `refused_before`: the server has
         refused a boot of this search already (the boundary was probed once: an unsure point,
         booting in fewer than `after_refusal` of the draws, is skipped too)."""
+        point = {k: v for k, v in config.items() if not k.startswith("_")}
+        known = self.__dict__.get("known")       # a gate pickled before it: None
+        crash = known(point) if known is not None else None
+        if crash is not None:
+            why = f"not booted: {crash}"
+            self.skipped.append({"params": point, "why": why, "by": "release"})
+            return why
         pred = prediction_of(config)
         if pred is None or not isinstance(pred.get("p_feasible"), (int, float)):
             return None
@@ -121,7 +131,6 @@ class KVGate:
         limit = self.after_refusal if refused_before else self.max_p_feasible
         if p > limit or (refused_before and p >= limit):
             return None
-        point = {k: v for k, v in config.items() if not k.startswith("_")}
         why = (f"not booted: the fitted KV model says the server refuses it (the boot "
                f"succeeds in {p:.0%} of the posterior draws, "
                + (f"under {limit:.0%} after a refusal)" if refused_before

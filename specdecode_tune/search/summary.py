@@ -8,6 +8,9 @@ trials of every driver that ran it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from ..backends import get_backend
 from ..store import read_table, rundir
 from .baseline import BASELINE_ID
@@ -37,16 +40,12 @@ def print_summary(plan: RunPlan, elapsed_s: float, max_trials: int | None = None
 def why_stopped(plan: RunPlan, stopped: str | None, max_trials: int | None = None
                 ) -> list[str]:
     """The last lines: why the search stopped (the stop rule's reason, read from the study,
-    else the cap: `max_trials`, else the experiment's), and the boots the KV gate did not
-    make."""
+    else the cap: `max_trials`, else the experiment's), and the boots the gate did not make
+    (the KV model's refusals, the release's known crashes)."""
     if stopped:
         return [f"stopped: {stopped}"]
     attrs = study_attrs(plan)
-    skipped = attrs.get(SKIPPED_ATTR) or []
-    lines = []
-    if skipped:
-        lines.append(f"not booted: {len(skipped)} point(s) the fitted KV model says the server "
-                     f"refuses (e.g. {skipped[0].get('params')})")
+    lines = skipped_lines(attrs.get(SKIPPED_ATTR) or [])
     reason = attrs.get(STOP_ATTR)
     if reason:
         lines.append(f"stopped: {reason}; then the re-measurements")
@@ -56,6 +55,22 @@ def why_stopped(plan: RunPlan, stopped: str | None, max_trials: int | None = Non
                  else "the experiment's max_trials")
         lines.append(f"stopped: the trial cap ({cap} points, {where}) was reached, then the "
                      f"re-measurements")
+    return lines
+
+
+def skipped_lines(skipped: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The gate's skips, one line per cause: the fitted KV model's refusals, the release's
+    known crashes."""
+    by_kv = [e for e in skipped if e.get("by") != "release"]
+    crashes = [e for e in skipped if e.get("by") == "release"]
+    lines = []
+    if by_kv:
+        lines.append(f"not booted: {len(by_kv)} point(s) the fitted KV model says the server "
+                     f"refuses (e.g. {by_kv[0].get('params')})")
+    if crashes:
+        why = str(crashes[0].get("why", "")).removeprefix("not booted: ")
+        lines.append(f"not booted: {len(crashes)} point(s) the servers' release crashes on "
+                     f"(e.g. {crashes[0].get('params')}: {why})")
     return lines
 
 

@@ -12,11 +12,13 @@ a later resume read the settings the run started with), `move_aside` makes room 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ..backends import known_refusal
 from ..config import Experiment
 from ..errors import ConfigError
 from ..objective import metric_modes
@@ -117,7 +119,8 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         search_alg = RepeatingSearcher(optuna_search, max_trials=max_trials,
                                        repeats=s.repeats, remeasure_top=s.remeasure_top,
                                        default_band=s.noise_band, stop_rule=StopRule(),
-                                       gate=KVGate())
+                                       gate=KVGate(known=functools.partial(
+                                           known_refusal, exp.backend)))
         num_samples = -1
     return tune.Tuner(
         fn,

@@ -16,6 +16,7 @@ from specdecode_tune.samplers import DECISION_ATTR, HybridSampler
 from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import REPEAT_KEY, RepeatingSearcher, SpecOptunaSearch
 from specdecode_tune.search.stopping import PREDICTED_KEY, KVGate, StopRule
+from specdecode_tune.search.summary import skipped_lines
 from specdecode_tune.space import DefineByRun, ParamSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -82,6 +83,44 @@ def test_the_kv_gate_skips_only_what_the_fit_is_sure_the_server_refuses() -> Non
     assert gate.refuses(fair) is None
     likely = {"speculative_num_steps": 6, PREDICTED_KEY: json.dumps({"p_feasible": 0.9})}
     assert gate.refuses(likely, refused_before=True) is None
+
+
+def test_the_gate_skips_what_the_servers_release_crashes_on_and_pickles() -> None:
+    """SGLang 0.5.17 crashes at boot on a tree narrower than deep (an H100, 2026-12-06): the
+    search's gate, given the experiment's backend, tells such a proposal to Optuna as refused
+    and boots nothing; 0.5.14 boots it; the gate survives a checkpoint's pickle."""
+    import functools
+    import pickle
+
+    from specdecode_tune.backends import known_refusal
+    from specdecode_tune.config import BackendConfig
+
+    def gate_for(version: str) -> KVGate:
+        cfg = BackendConfig(kind="sglang", model_path="m", draft_model_path="d",
+                            engine_version=version, binary="/opt/sglang-server")
+        return KVGate(known=functools.partial(known_refusal, cfg))
+
+    short = {"speculative_num_steps": 8, "speculative_eagle_topk": 2,
+             "speculative_num_draft_tokens": 8,
+             PREDICTED_KEY: json.dumps({"p_feasible": 1.0})}
+    gate = pickle.loads(pickle.dumps(gate_for("0.5.17")))
+    why = gate.refuses(short)
+    assert why is not None and why.startswith("not booted: backend: speculative_num_draft_"
+                                              "tokens = 8 < speculative_num_steps + 1 = 9")
+    assert gate.skipped[0]["by"] == "release" and PREDICTED_KEY not in gate.skipped[0]["params"]
+    assert gate.refuses({**short, "speculative_num_draft_tokens": 9}) is None
+    assert gate.refuses({"speculative_num_steps": 0}) is None          # the baseline
+    assert gate_for("0.5.14").refuses(short) is None
+    old = KVGate()
+    del old.__dict__["known"]                  # a gate pickled before it knew of crashes
+    assert old.refuses(short) is None
+    # The search's closing lines name the cause of each skip.
+    kv = {"params": {"speculative_num_steps": 9}, "p_feasible": 0.0, "why": "not booted: kv"}
+    lines = skipped_lines([kv, *gate.skipped])
+    assert lines[0].startswith("not booted: 1 point(s) the fitted KV model says")
+    assert lines[1].startswith("not booted: 1 point(s) the servers' release crashes on (e.g. "
+                               "{'speculative_num_steps': 8, 'speculative_eagle_topk': 2, "
+                               "'speculative_num_draft_tokens': 8}: backend: ")
 
 
 def test_the_oom_boundary_is_unknown_until_a_boot_runs_out_then_bounds_its_side() -> None:
