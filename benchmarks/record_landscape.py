@@ -337,6 +337,7 @@ def record(args: argparse.Namespace) -> int:
     local = rundir.logs_dir(run_dir)
     backend = get_backend(exp.backend.kind)
     stopped = ""
+    tried = 0
     for i, (point, repeat) in enumerate(todo, start=1):
         if stop_at is not None and time.time() >= stop_at:
             stopped = f"--stop-at {args.stop_at} reached"
@@ -349,7 +350,10 @@ def record(args: argparse.Namespace) -> int:
         result = run_trial(exp, point, TrialContext(run_dir=run_dir, local_dir=local,
                                                     trial_id=trial_id, repeat=repeat))
         rows += rows_of(result, point, repeat, names, levels, launch, started)
-        session["boots"] += 1
+        tried += 1
+        # A point refused before a boot (the rules, the server's known refusals) costs none.
+        session["boots"] += not (result.status == "pruned"
+                                 or result.reason.endswith("(checked before a boot)"))
         session["wall_s"] = round(time.monotonic() - t0, 1)
         write_table(out, rows, sch, meta)
         figs = " ".join(f"C={s.concurrency}:{s.output_tok_s:.1f}tok/s"
@@ -371,7 +375,7 @@ def record(args: argparse.Namespace) -> int:
                   f"which session booted them; record into another --out, or drop one "
                   f"session's rows", file=sys.stderr, flush=True)
     write_table(out, rows, sch, meta)
-    left = len(todo) - session["boots"]
+    left = len(todo) - tried
     print(f"record_landscape: {session['boots']} boots in {session['wall_s']:.0f}s; "
           f"{len(done_keys(rows))} recorded in all" + (f"; {left} left ({stopped})" if left
                                                        else ""), flush=True)

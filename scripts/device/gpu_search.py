@@ -311,14 +311,16 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
         table = work.results / LANDSCAPE
         if args.record_onto and not table.exists():
             shutil.copyfile(REPO / args.record_onto, table)
+        run_dir = work.runs / "landscape"
         argv = [sys.executable, "benchmarks/record_landscape.py", "--experiment", str(run_exp),
-                "--out", str(work.results / LANDSCAPE), "--run-dir",
-                str(work.runs / "landscape"), *args.search_args]
+                "--out", str(work.results / LANDSCAPE), "--run-dir", str(run_dir),
+                *args.search_args]
     else:
         argv = [sys.executable, "-m", "specdecode_tune.search", "--experiment", str(run_exp),
                 "--storage", str(work.runs)]
         argv += ["--max-trials", str(args.max_trials)] if args.max_trials else []
         argv += args.search_args
+        run_dir = work.runs / str(raw.get("name"))
     return {"experiment": str(rel), "name": raw.get("name"), "run_experiment": str(run_exp),
             "run_experiment_text": derived, "gpus_per_trial": gpt, "max_concurrent": mc,
             "gpus_on_machine": n_gpus, "backend": kind, "binary": binary, "model": model,
@@ -326,7 +328,9 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
             "draft": draft, "readings": shlex.split(args.readings) if args.readings else None,
             "needs_llama_build": kind == "llamacpp" and not (binary and Path(binary).exists()),
             "check": not args.no_check and gpt > 0, "search_argv": argv,
-            "run_dir": str(work.runs / str(raw.get("name")))}
+            # --record: the recorder's run dir (its boots' tables and server logs) comes back
+            # in results.tar.gz as a search's does.
+            "run_dir": str(run_dir)}
 
 
 def snapshot(work: Work) -> None:

@@ -115,5 +115,7 @@ def test_a_recording_continues_the_table_an_earlier_session_brought_back(tmp_pat
     assert out.read_bytes() == (REPO / table).read_bytes()
     argv = plan["search_argv"]
     assert argv[1] == "benchmarks/record_landscape.py" and argv[argv.index("--out") + 1] == str(out)
+    # The recorder's run dir (its boots' server logs) is the one results.tar.gz brings back.
+    assert plan["run_dir"] == argv[argv.index("--run-dir") + 1] == str(work.runs / "landscape")
     for bad in (_args(record_onto=table), _args(record=True, record_onto="no/such.parquet")):
         assert gs.call(bad, gs.Work(tmp_path / "other")) == 2
