@@ -8,6 +8,8 @@
         llama.cpp-0.3.36/bin/llama-server     the binary
         llama.cpp-0.3.36/bin/vocab.gguf       a vocabulary-only GGUF (llama SentencePiece)
         vllm-venv/bin/python                  the interpreter that imports vllm
+        vllm-cache/                           vLLM's compile cache (VLLM_CACHE_ROOT of
+                                              experiments/vllm-{cpu,gpu}.toml)
         models/                               test models
 
 Experiment files name these paths with `${SPECDECODE_CACHE}`; `expand_path` fills it in (with

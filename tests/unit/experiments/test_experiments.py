@@ -236,6 +236,18 @@ def test_vllm_gpu_is_sglang_gpu_s_physics_on_vllm(monkeypatch: pytest.MonkeyPatc
     assert "--speculative-config" not in argv_of(exp, BASELINE)
 
 
+def test_vllm_cpu_compiles_into_the_engine_cache(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """The CPU experiment's boots share one compile cache beside the engines (kept between CI
+    runs), not one per run dir: a first boot compiles ~25 s longer on 2 cores."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    exp = load("vllm-cpu")
+    for run_dir in ("run-a/logs", "run-b/logs"):
+        env = get_backend("vllm").env(exp.backend, run_dir=str(tmp_path / run_dir))
+        assert env["VLLM_CACHE_ROOT"] == f"{tmp_path}/vllm-cache"
+        assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
 def test_vllm_gpu_memory_range_brackets_the_kv_need_of_its_trained_pair() -> None:
     """The file's arithmetic, from the preset the route trains: the KV entry per token, the
     need of C=64 requests of max_total_len tokens, and a range whose low end binds (or is
