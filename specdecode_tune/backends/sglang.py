@@ -56,6 +56,8 @@ from .streamformat import StreamFormat
 _SPEC_FLAGS = ((STEPS, "--speculative-num-steps"), (TOPK, "--speculative-eagle-topk"),
                (DRAFT, "--speculative-num-draft-tokens"))
 METRICS_TIMEOUT_S = 1.5
+NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+                        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
 def _flag_int(argv: Sequence[str], flag: str) -> int | None:
@@ -64,8 +66,6 @@ def _flag_int(argv: Sequence[str], flag: str) -> int | None:
         return int(argv[list(argv).index(flag) + 1])
     except (ValueError, IndexError):
         return None
-NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
-                        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
 class SGLangBackend:
@@ -208,7 +208,7 @@ class SGLangBackend:
                                              sort_keys=True))
         found = answer.get("cases")
         if not isinstance(found, list) or len(found) != len(argvs):
-            return [None] * len(argvs)
+            return known
         return [k or (None if a.get("ok") or not a.get("refused") else
                       f"backend: SGLang {answer.get('sglang')}'s own argument check refuses "
                       f"the command line: {a.get('error')}") for k, a in zip(known, found)]
