@@ -46,7 +46,7 @@ a fresh instance over a resumed study carries on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -94,6 +94,7 @@ class HybridSampler(PlannedSampler):
         max_residual: float = 0.08,
         seed: int | None = None,
         per_level: bool = False,
+        refuses: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         super().__init__(base_sampler, seed)
         # Both parts share the one base sampler; neither's own before_trial runs (this one's
@@ -103,7 +104,8 @@ class HybridSampler(PlannedSampler):
         self._model = ModelGuidedSampler(self._base, space=space, fixed=fixed,
                                          max_residual=max_residual, min_trials=1,
                                          pessimistic_running=True, seed=seed,
-                                         per_level=per_level, cold_start=True)
+                                         per_level=per_level, cold_start=True,
+                                         refuses=refuses)
 
     @property
     def model(self) -> ModelGuidedSampler:

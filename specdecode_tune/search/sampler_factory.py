@@ -13,8 +13,10 @@ the searcher holding it at every checkpoint; `samplers.nsga2` says why NSGA-II n
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from ..backends import known_refusal
 from ..config import SAMPLERS, Experiment
 from ..errors import ConfigError
 
@@ -36,13 +38,16 @@ def make_sampler(name: str, exp: Experiment, seed: int) -> Any:
         from ..samplers import PlateauEscapeSampler
         return PlateauEscapeSampler(tpe, noise_band=exp.search.noise_band, seed=seed,
                                     per_level=exp.objective.kind == "schedule")
+    # Points the servers' release is known to crash on are no candidates of the model (the
+    # search's gate skips them from any sampler too).
+    refuses = functools.partial(known_refusal, exp.backend)
     if name == "hybrid":
         from ..samplers import HybridSampler
         return HybridSampler(tpe, space=exp.space, fixed=exp.backend.flags,
                              noise_band=exp.search.noise_band, seed=seed,
-                             per_level=exp.objective.kind == "schedule")
+                             per_level=exp.objective.kind == "schedule", refuses=refuses)
     if name == "model":
         from ..samplers import ModelGuidedSampler
         return ModelGuidedSampler(tpe, space=exp.space, fixed=exp.backend.flags, seed=seed,
-                                  per_level=exp.objective.kind == "schedule")
+                                  per_level=exp.objective.kind == "schedule", refuses=refuses)
     raise ConfigError(f"--sampler {name!r}: must be one of {', '.join(SAMPLERS)}")

@@ -3,7 +3,8 @@
 The model knows four axes: steps, topk, draft tokens and the memory fraction. A point is named
 by its resolved (steps, topk, draft tokens, memory fraction) (`point_key`), so two sampled
 points the server runs as one configuration (e.g. topk = 1 with any draft count) are one
-candidate. Points SGLang refuses (`space.invalid_reason`) are not candidates. A continuous float
+candidate. Points SGLang refuses (`space.invalid_reason`), or whose boot the servers' release
+is known to crash (`refuses`), are not candidates. A continuous float
 axis is enumerated on `FLOAT_GRID` points (log-spaced on log axes); other parameters are not
 enumerated (the plan gives them the incumbent's values).
 """
@@ -11,7 +12,7 @@ enumerated (the plan gives them the incumbent's values).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, cast
@@ -52,8 +53,13 @@ class Candidates:
     triples: tuple[tuple[int, int, int], ...]
 
 
-def enumerate_space(specs: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> Candidates | None:
-    """Every valid speculative point of the four known axes (others are not enumerated)."""
+def enumerate_space(specs: Sequence[ParamSpec], fixed: Mapping[str, Any],
+                    refuses: Callable[[Mapping[str, Any]], str | None] | None = None
+                    ) -> Candidates | None:
+    """Every valid speculative point of the four known axes (others are not enumerated).
+    `refuses`: why the servers' release crashes on a sampled point (the search passes
+    `backends.known_refusal` for its backend), asked once per (steps, topk, draft)."""
+    crashes: dict[tuple[int, int, int], bool] = {}
     by_name = {s.name: s for s in specs}
     names = [n for n in (STEPS, TOPK, MEM) if n in by_name]
     draft_spec = by_name.get(DRAFT)
@@ -74,6 +80,12 @@ def enumerate_space(specs: Sequence[ParamSpec], fixed: Mapping[str, Any]) -> Can
             params = resolve(point, fixed)
             if invalid_reason(params) is not None:
                 continue
+            if refuses is not None:
+                triple = (int(params[STEPS]), int(params[TOPK]), int(params[DRAFT]))
+                if triple not in crashes:
+                    crashes[triple] = refuses(point) is not None
+                if crashes[triple]:
+                    continue
             key = point_key(params[STEPS], params[TOPK], params[DRAFT], params.get(MEM))
             seen.setdefault(key, point)
     if not seen:

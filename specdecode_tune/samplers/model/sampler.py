@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,9 @@ class ModelGuidedSampler(PlannedSampler):
         per_level: propose by the expected improvement of any level's best measured tok/s
             (the largest over levels), not of the score: a per-batch-size schedule uses the
             best config at every level (`[objective] kind = "schedule"`).
+        refuses: why the servers' release crashes on a sampled point, or None
+            (`backends.known_refusal` for the experiment's backend; picklable): such points
+            are not candidates.
         cold_start: until a speculative boot has run, propose anchors (`anchor`: the
             configuration most likely to boot, bisecting memory on refusals) instead of
             handing the trial to the base sampler.
@@ -101,9 +104,11 @@ class ModelGuidedSampler(PlannedSampler):
         seed: int | None = None,
         per_level: bool = False,
         cold_start: bool = False,
+        refuses: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> None:
         super().__init__(base_sampler, seed)
         self._per_level = bool(per_level)
+        self._refuses = refuses
         if isinstance(min_trials, bool) or not isinstance(min_trials, int) or min_trials < 0:
             raise ValueError(f"min_trials must be an int >= 0, got {min_trials!r}")
         if not (isinstance(max_residual, (int, float)) and math.isfinite(max_residual)
@@ -346,7 +351,8 @@ class ModelGuidedSampler(PlannedSampler):
             sig = (repr(specs), repr(sorted(self._fixed.items())))
         if sig in self._cache:
             return self._cache[sig]
-        cands = enumerate_space(specs, self._fixed)
+        # A sampler pickled before `refuses` existed has none.
+        cands = enumerate_space(specs, self._fixed, self.__dict__.get("_refuses"))
         if cands is not None:
             self._cache = {sig: cands}
         return cands

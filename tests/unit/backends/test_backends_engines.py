@@ -505,3 +505,16 @@ def test_the_running_limit_is_the_servers_else_the_flag_it_was_given(kind: str) 
         == 12
     assert b.running_limit(ServerFacts(), {"max_running_requests": 8}) == 8
     assert b.running_limit(ServerFacts(), {}) is None
+
+
+def test_the_simulators_known_crashes_are_those_of_the_release_it_imitates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An sglang 0.5.17 in this Python does not make the simulator (imitating 0.5.10.post1
+    unless told) refuse what its release boots; the SGLang backend reads that sglang."""
+    monkeypatch.setattr(sglang, "installed_version", lambda: "0.5.17")
+    point = {"speculative_num_steps": 8, "speculative_eagle_topk": 2,
+             "speculative_num_draft_tokens": 8, "disable_radix_cache": True}
+    assert backends.known_refusal(sglang_cfg(kind="sim", model_path="m"), point) is None
+    assert backends.known_refusal(
+        sglang_cfg(kind="sim", model_path="m", engine_version="0.5.17"), point) is not None
+    assert backends.known_refusal(sglang_cfg(model_path="m"), point) is not None

@@ -718,3 +718,37 @@ def test_the_slopes_the_logged_graphs_allow_are_spread_evenly_across_their_band(
     steepest = 2 * 0.0191 / 5
     assert fit.beta.max() == pytest.approx(steepest)
     assert np.mean(fit.beta > steepest / 2) == pytest.approx(0.5, abs=0.05)
+
+
+def test_points_the_servers_release_crashes_on_are_no_candidates() -> None:
+    """SGLang >= 0.5.16 crashes at boot on a tree narrower than deep (topk > 1, draft < steps +
+    1; seen on 0.5.17, an H100): the search's samplers get `backends.known_refusal` for their
+    backend, and such points leave the model's candidates; for an older release none do. The
+    sampler holding it pickles (Ray Tune checkpoints the searcher)."""
+    import functools
+
+    from specdecode_tune.backends import known_refusal
+    from specdecode_tune.config import BackendConfig, load_experiment
+    from specdecode_tune.search.sampler_factory import make_sampler
+
+    def refuses(version: str) -> Any:
+        return functools.partial(known_refusal, BackendConfig(
+            kind="sglang", model_path="m", draft_model_path="d", engine_version=version,
+            binary="/opt/sglang-server"))
+
+    every = enumerate_space(SPACE, {})
+    assert every is not None
+    short = {t for t in every.triples if t[1] > 1 and t[2] < t[0] + 1}
+    assert short
+    kept = enumerate_space(SPACE, {}, refuses("0.5.17"))
+    assert kept is not None and set(kept.triples) == set(every.triples) - short
+    older = enumerate_space(SPACE, {}, refuses("0.5.14"))
+    assert older is not None and older.keys == every.keys
+
+    from tests.conftest import REPO
+    exp = load_experiment(REPO / "experiments" / "sglang-gpu.toml")
+    assert exp.backend.engine_version == "0.5.17"
+    sampler = pickle.loads(pickle.dumps(make_sampler("hybrid", exp, 0)))
+    cands = sampler.model._candidates([])
+    assert cands is not None and cands.triples
+    assert all(not (k > 1 and d < s + 1) for s, k, d in cands.triples)
