@@ -151,9 +151,9 @@ class ChecksArgs(Protocol):
 class KnowsCrashes(Protocol):
     """A backend that knows command lines its engine's checks pass and its boot crashes on."""
 
-    def known_crash(self, cfg: BackendConfig, argv: Sequence[str],
+    def known_crash(self, cfg: BackendConfig, params: Mapping[str, Any],
                     version: str | None = None) -> str | None:
-        """The one-line reason, or None."""
+        """For resolved speculative `params`: the one-line reason, or None."""
 
 
 BACKENDS: dict[str, Backend] = {
@@ -195,25 +195,29 @@ def check_args(cfg: BackendConfig, params: Mapping[str, Any]) -> None:
 
 
 def refusals(cfg: BackendConfig, points: Sequence[Mapping[str, Any]]) -> list[str | None]:
-    """`check_args` for several resolved points at once (SGLang: one run of its parser): per
-    point, the one-line refusal or None."""
+    """What the server would refuse, or is known to crash on, for several resolved points
+    (SGLang: one run of its parser): per point, the one-line reason or None. A crash the
+    servers' release is known to have (`KnowsCrashes`) comes first, then the engine's own
+    argument check (`ChecksArgs`)."""
     backend = get_backend(cfg.kind)
+    known = [_known_crash(backend, cfg, p) for p in points]
     if not isinstance(backend, ChecksArgs):
-        return [None] * len(points)
-    return list(backend.refusals(cfg, [backend.argv(cfg, p, 0) for p in points]))
+        return known
+    checked = backend.refusals(cfg, [backend.argv(cfg, p, 0) for p in points])
+    return [k or c for k, c in zip(known, checked, strict=True)]
 
 
 def known_refusal(cfg: BackendConfig, sampled: Mapping[str, Any]) -> str | None:
     """Why a boot of this sampled point is known to crash on the servers' release (SGLang >=
     0.5.16: a draft tree narrower than deep), without a boot or a run of the engine's parser,
     or None. Cheap enough for every proposal of a search (`search.stopping.KVGate`)."""
-    backend = get_backend(cfg.kind)
-    if not isinstance(backend, KnowsCrashes):
+    return _known_crash(get_backend(cfg.kind), cfg, resolve(sampled, cfg.flags))
+
+
+def _known_crash(backend: Backend, cfg: BackendConfig, params: Mapping[str, Any]) -> str | None:
+    if not isinstance(backend, KnowsCrashes) or is_baseline(params):
         return None
-    params = resolve(sampled, cfg.flags)
-    if is_baseline(params):
-        return None
-    return backend.known_crash(cfg, backend.argv(cfg, params, 0))
+    return backend.known_crash(cfg, params)
 
 
 def schedule_files(cfg: BackendConfig | None, ask: ScheduleAsk | None) -> list[ScheduleFile]:

@@ -60,14 +60,6 @@ NO_CRASH_DIAGNOSTICS = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
                         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
-def _flag_int(argv: Sequence[str], flag: str) -> int | None:
-    """The integer after `flag` in `argv`, or None (absent, last, not an integer)."""
-    try:
-        return int(argv[list(argv).index(flag) + 1])
-    except (ValueError, IndexError):
-        return None
-
-
 class SGLangBackend:
     name = "sglang"
     health_path = "/health"
@@ -197,10 +189,9 @@ class SGLangBackend:
                  ) -> list[str | None]:
         """`check_args` for several command lines in one run of SGLang's parser: per argv, the
         one-line refusal or None."""
-        known = [self.known_crash(cfg, a) for a in argvs]
         python = self.argcheck_python(cfg)
         if python is None or not argvs:
-            return known
+            return [None] * len(argvs)
         head = len(self._head(cfg))
         cases = [{"argv": without_endpoint(list(a[head:])), "env": self.env(cfg)}
                  for a in argvs]
@@ -208,21 +199,21 @@ class SGLangBackend:
                                              sort_keys=True))
         found = answer.get("cases")
         if not isinstance(found, list) or len(found) != len(argvs):
-            return known
-        return [k or (None if a.get("ok") or not a.get("refused") else
-                      f"backend: SGLang {answer.get('sglang')}'s own argument check refuses "
-                      f"the command line: {a.get('error')}") for k, a in zip(known, found)]
+            return [None] * len(argvs)
+        return [None if a.get("ok") or not a.get("refused") else
+                f"backend: SGLang {answer.get('sglang')}'s own argument check refuses the "
+                f"command line: {a.get('error')}" for a in found]
 
-    def known_crash(self, cfg: BackendConfig, argv: Sequence[str],
+    def known_crash(self, cfg: BackendConfig, params: Mapping[str, Any],
                     version: str | None = None) -> str | None:
-        """A command line SGLang's argument checks pass and its boot is known to crash on, in
-        the release the servers run (`version`, default `engine_version`), as a one-line
-        refusal; None otherwise (sglang_releases.py: each with where it was seen)."""
-        triple = [_flag_int(argv, flag) for _, flag in _SPEC_FLAGS]
-        if None in triple:
+        """Resolved speculative `params` SGLang's argument checks pass and its boot is known to
+        crash on, in the release the servers run (`version`, default `engine_version`), as a
+        one-line refusal; None otherwise (sglang_releases.py: each with where it was seen)."""
+        steps, topk, draft = params.get(STEPS), params.get(TOPK), params.get(DRAFT)
+        if steps is None or topk is None or draft is None:
             return None
-        steps, topk, draft = (int(v) for v in triple if v is not None)
-        why = short_tree_crash(steps, topk, draft, version or self.engine_version(cfg)[0])
+        why = short_tree_crash(int(steps), int(topk), int(draft),
+                               version or self.engine_version(cfg)[0])
         return f"backend: {why}" if why else None
 
     def argcheck_python(self, cfg: BackendConfig) -> str | None:

@@ -49,16 +49,15 @@ class SimBackend(SGLangBackend):
 
     def refusals(self, cfg: BackendConfig, argvs: Sequence[Sequence[str]]
                  ) -> list[str | None]:
-        # The crashes known of the release it imitates first, as for SGLang.
-        return [self.known_crash(cfg, argv) or refused for argv, refused
-                in zip(argvs, each_refusal(lambda argv: self.check_args(cfg, argv), argvs))]
+        return each_refusal(lambda argv: self.check_args(cfg, argv), argvs)
 
-    def known_crash(self, cfg: BackendConfig, argv: Sequence[str],
+    def known_crash(self, cfg: BackendConfig, params: Mapping[str, Any],
                     version: str | None = None) -> str | None:
         """SGLang's, for the release the simulator imitates (backend.engine_version, else its
         default), whatever sglang this Python has: it crashes on them at boot as that
         release does."""
-        return super().known_crash(cfg, argv, version or cfg.engine_version or DEFAULT_VERSION)
+        return super().known_crash(cfg, params,
+                                   version or cfg.engine_version or DEFAULT_VERSION)
 
     def local_files(self, cfg: BackendConfig) -> list[LocalFile]:
         return []   # the simulator loads no model: model_path and the draft are names only
