@@ -121,9 +121,8 @@ class KVGate:
         known = self.__dict__.get("known")       # a gate pickled before it: None
         crash = known(point) if known is not None else None
         if crash is not None:
-            why = f"not booted: {crash}"
-            self.skipped.append({"params": point, "why": why, "by": "release"})
-            return why
+            self.skipped.append({"params": point, "why": crash, "by": "release"})
+            return f"not booted: {crash}"
         pred = prediction_of(config)
         if pred is None or not isinstance(pred.get("p_feasible"), (int, float)):
             return None

@@ -68,9 +68,8 @@ def skipped_lines(skipped: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(f"not booted: {len(by_kv)} point(s) the fitted KV model says the server "
                      f"refuses (e.g. {by_kv[0].get('params')})")
     if crashes:
-        why = str(crashes[0].get("why", "")).removeprefix("not booted: ")
         lines.append(f"not booted: {len(crashes)} point(s) the servers' release crashes on "
-                     f"(e.g. {crashes[0].get('params')}: {why})")
+                     f"(e.g. {crashes[0].get('params')}: {crashes[0].get('why')})")
     return lines
 
 
