@@ -351,9 +351,8 @@ def record(args: argparse.Namespace) -> int:
                                                     trial_id=trial_id, repeat=repeat))
         rows += rows_of(result, point, repeat, names, levels, launch, started)
         tried += 1
-        # A point refused before a boot (the rules, the server's known refusals) costs none.
-        session["boots"] += not (result.status == "pruned"
-                                 or result.reason.endswith("(checked before a boot)"))
+        if result.booted:      # a point refused before a boot costs none
+            session["boots"] += 1
         session["wall_s"] = round(time.monotonic() - t0, 1)
         write_table(out, rows, sch, meta)
         figs = " ".join(f"C={s.concurrency}:{s.output_tok_s:.1f}tok/s"

@@ -125,6 +125,8 @@ class ServerFacts:
 
 
 TRIAL_STATUSES = ("ok", "infeasible", "failed", "pruned")
+# How the reason of a trial refused by the server's own check, without a boot, ends.
+BEFORE_A_BOOT = "(checked before a boot)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +142,9 @@ class TrialResult:
     wall_s: float = 0.0
     repeat: int = 0               # 0 = first measurement of these params, 1.. = re-measurements
     suspect: bool = False
+
+    @property
+    def booted(self) -> bool:
+        """Whether a server was started for it: not for a point the rules refuse ("pruned")
+        nor one the server's check refused before a boot."""
+        return not (self.status == "pruned" or self.reason.endswith(BEFORE_A_BOOT))

@@ -50,7 +50,14 @@ from . import store
 from .backends import Backend, get_backend, preflight, refusals
 from .config import Experiment, cliargs, load_experiment
 from .errors import ConfigError, KeyRefused, ServerStartError
-from .records import FACTS_UNREAD, LevelSummary, RequestRecord, ServerFacts, TrialResult
+from .records import (
+    BEFORE_A_BOOT,
+    FACTS_UNREAD,
+    LevelSummary,
+    RequestRecord,
+    ServerFacts,
+    TrialResult,
+)
 from .server import ServerProcess
 from .space import invalid_reason, resolve
 from .store import rundir
@@ -136,7 +143,7 @@ def run_trial(
     # as a refusal at start-up does, so the search learns it the same way.
     refused = refusals(exp.backend, [params])[0]
     if refused is not None:
-        return finish("infeasible", f"invalid_args: {refused} (checked before a boot)")
+        return finish("infeasible", f"invalid_args: {refused} {BEFORE_A_BOOT}")
     server, env = _server(exp, backend, params, ctx)
     facts = ServerFacts()
     try:

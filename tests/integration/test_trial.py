@@ -158,6 +158,7 @@ def test_point_the_rules_refuse_is_never_booted(tmp_path: Path) -> None:
     result = run_trial(exp, {"speculative_num_steps": 2, "speculative_eagle_topk": 2,
                              "speculative_num_draft_tokens": 9}, ctx)
     assert result.status == "pruned" and "SGLang's draft tree" in result.reason
+    assert not result.booted
     assert not (tmp_path / "logs" / "t-bad.log").exists()
 
 
@@ -176,6 +177,7 @@ def test_a_tree_the_servers_release_crashes_on_is_never_booted(tmp_path: Path) -
     assert result.status == "infeasible" and "checked before a boot" in result.reason
     assert "speculative_num_draft_tokens = 8 < speculative_num_steps + 1 = 9" in result.reason
     assert result.facts.boot_s is None and not (tmp_path / "logs" / "t-short.log").exists()
+    assert not result.booted
 
 
 def test_killing_the_trial_midway_leaves_no_server(tmp_path: Path) -> None:
