@@ -1,9 +1,11 @@
-"""Shared test fixtures: loopback ports and process checks (the processes a tagged search
-started are found by `specdecode_tune.testing.processes`)."""
+"""Shared test fixtures: loopback ports, process checks (the processes a tagged search started
+are found by `specdecode_tune.testing.processes`) and a bounded wait."""
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,17 @@ PYTHON = sys.executable
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     return pid_running(pid)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `predicate` every 0.5 s until it holds; AssertionError naming `what` after
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 @pytest.fixture

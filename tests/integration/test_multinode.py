@@ -28,14 +28,14 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from specdecode_tune import store
-from tests.conftest import DATA, REPO, pick_free_port
+from tests.conftest import DATA, REPO, pick_free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -67,15 +67,6 @@ def processes_with(var: str, value: str) -> dict[int, str]:
     needle = f"{var}={value}".encode()
     return {int(d.name): _cmdline(int(d.name)) for d in Path("/proc").iterdir()
             if d.name.isdigit() and needle in _environ(int(d.name))}
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 @dataclass

@@ -20,7 +20,7 @@ import pytest
 
 from specdecode_tune import store
 from specdecode_tune.testing.processes import kill_pids, tagged_processes
-from tests.conftest import DATA, REPO, pid_alive
+from tests.conftest import DATA, REPO, pid_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -87,15 +87,6 @@ def start_search(cmd: list[str], log_path: Path, env: dict) -> subprocess.Popen:
 
 def trials_rows(run_dir: Path) -> list[dict]:
     return store.read_tables(str(run_dir)).trials.to_pylist()
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
