@@ -1,0 +1,103 @@
+"""How much of a level the warm-up rule drops on a real server, and what that does to its figure.
+
+`load/rounds.py` measures a level in whole rounds: after `warmup_s`, MSER (White 1997) drops the
+first rounds where that lowers the kept rounds' variance over their count, and the level stops
+at the first round where tok/s and acceptance are known to the target precision. Both are
+evaluated again at every round, so the truncation is chosen anew each time the stop is asked.
+
+This replays that rule on a real server's rounds (the batches `rounds.known` reads: start, end,
+tokens, tokens and verify steps of the requests that completed in each), stored in
+`benchmarks/data/recording/sglang-gpu-h100-rounds.parquet`: SGLang 0.5.17 EAGLE-3 on an H100,
+six configurations of the landscape's second session at C=1, 16 and 64, memory fraction 0.0045
+(a pool that binds at C=64). The rounds were rebuilt from the run's per-request table: each
+request's chunk arrival times (start + TTFT + its chunk gaps) with its output tokens spread
+evenly over its chunks (the table keeps the gaps, not each chunk's size), a round = min(C, 64)
+completions. Per level it prints where the live rule stopped and how many rounds it dropped,
+its figure, and two references over all the rounds the level ran: only `warmup_s` dropped, and
+MSER once over the whole level. The replay reproduces the live run's notes (e.g. "first 46 of 95
+rounds left out" at C=1 for steps 2 / topk 4 / 8 draft tokens).
+
+    python benchmarks/warmup_truncation.py [TABLE] [--warmup-s 2] [--precision 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from specdecode_tune.load.rounds import Batch, known
+
+DEFAULT = Path(__file__).resolve().parent / "data" / "recording" / \
+    "sglang-gpu-h100-rounds.parquet"
+
+
+def levels(path: Path) -> dict[tuple[str, int], list[Batch]]:
+    """(trial, concurrency) -> its batches in order."""
+    out: dict[tuple[str, int], list[Batch]] = {}
+    for r in sorted(pq.read_table(path).to_pylist(),
+                    key=lambda r: (r["trial_id"], r["concurrency"], r["round"])):
+        out.setdefault((r["trial_id"], r["concurrency"]), []).append(Batch(
+            r["start"], r["end"], r["tokens"], r["done_tokens"], r["verify_ct"],
+            r["completed"]))
+    return out
+
+
+def first_rounds(bs: list[Batch], warmup_s: float) -> int:
+    return sum(1 for b in bs if b.end <= warmup_s)
+
+
+def live(bs: list[Batch], warmup_s: float, precision: float, min_rounds: int,
+         cap_s: float) -> tuple[int, int, float]:
+    """The live rule replayed: (rounds when it stopped, rounds dropped, tok/s)."""
+    last = None
+    for k in range(1, len(bs) + 1):
+        if bs[k - 1].end > cap_s:
+            break
+        sub = bs[:k]
+        kn = known(sub, first_rounds(sub, warmup_s))
+        if kn is None or kn.tok_s is None:
+            continue
+        last = (k, kn.warmup, kn.tok_s.value)
+        if kn.met(precision, min_rounds):
+            break
+    assert last is not None
+    return last
+
+
+def without_mser(bs: list[Batch], warmup_s: float) -> float:
+    kept = bs[first_rounds(bs, warmup_s):] or bs
+    return sum(b.tokens for b in kept) / sum(b.seconds for b in kept)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("table", nargs="?", type=Path, default=DEFAULT)
+    ap.add_argument("--warmup-s", type=float, default=2.0)
+    ap.add_argument("--precision", type=float, default=0.02)
+    ap.add_argument("--min-rounds", type=int, default=2)
+    ap.add_argument("--cap-s", type=float, default=32.0)
+    a = ap.parse_args(argv)
+    print(f"{'level':44} {'rounds':>6} {'stop':>5} {'drop':>5} {'live tok/s':>11} "
+          f"{'vs warmup_s only':>16} {'vs MSER once':>12}")
+    big = []
+    for (trial, c), bs in levels(a.table).items():
+        k, dropped, value = live(bs, a.warmup_s, a.precision, a.min_rounds, a.cap_s)
+        plain = without_mser(bs, a.warmup_s)
+        once = known(bs, first_rounds(bs, a.warmup_s))
+        assert once is not None and once.tok_s is not None
+        name = f"{trial.removeprefix('land-r0-static0.0045-')} C={c}"
+        print(f"{name:44} {len(bs):6d} {k:5d} {dropped:5d} {value:11.1f} "
+              f"{value / plain - 1:+16.1%} {value / once.tok_s.value - 1:+12.1%}")
+        if dropped >= k // 4:
+            big.append((name, dropped, k, value / plain - 1))
+    print(f"levels where the rule dropped a quarter or more of its rounds: {len(big)}")
+    for name, dropped, k, diff in big:
+        print(f"  {name}: {dropped} of {k}, figure {diff:+.1%} against warmup_s only")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
