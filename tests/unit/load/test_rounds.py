@@ -120,3 +120,20 @@ def test_warmup_seconds_leave_out_the_rounds_inside_them() -> None:
     k = known(bs, first=2)
     assert k is not None and k.warmup >= 2 and k.start == pytest.approx(2.0)
     assert known([], 0) is None
+
+
+def test_a_slow_episode_after_the_start_is_kept_not_taken_for_a_warm_up() -> None:
+    # A start-up of two slow rounds, then 40 rounds at 200 tok/s with a slow span (150 tok/s)
+    # at rounds 12-21, as a real server's C=16 level showed (docs/gpu-runs.md): the start goes,
+    # the slow span stays in the figure. MSER over the whole level would drop it all.
+    rates = [80.0, 120.0] + [150.0 if 12 <= k < 22 else 200.0 for k in range(2, 42)]
+    bs, t = [], 0.0
+    for r in rates:
+        bs.append(Batch(t, t + 1.0, r, r, int(r // 4), 16))
+        t += 1.0
+    assert mser([b.tok_s for b in bs]) > 10          # the whole-level MSER cut
+    k = known(bs)
+    assert k is not None and k.tok_s is not None
+    assert k.warmup == 2
+    steady = rates[2:]
+    assert k.tok_s.value == pytest.approx(sum(steady) / len(steady))
