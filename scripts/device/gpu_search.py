@@ -65,6 +65,16 @@ MODELS_REPORT = "eagle3-acceptance.json"
 # The trained EAGLE-3 models as carried parts (scripts/device/models_back.py): their manifest's
 # kind, which keeps them apart from the payload's parts.
 MODELS_KIND = "eagle3-models"
+# --models-back: the archive of the trained models, cut into chunks that come back in $OUT with
+# their manifest. 4 chunks of 15 MiB (60 MiB) leave room in a call's 64 MiB for status.txt, the
+# manifest and the small results; chunks of 16 MiB would fit 3 a call (~101 MiB: 3 calls, not 2).
+MODELS_ARCHIVE = "eagle3-models.tar"
+MODELS_BACK = "eagle3-models.json"
+MODELS_CHUNK = 15 << 20
+# What one call brings back from $OUT: at most 8 files, 16 MiB each, 64 MiB together; counted
+# here in 4 KiB blocks (as the device counts the files that travel to it), 1 MiB kept spare.
+MAX_OUT_FILES = 8
+MAX_OUT_TOTAL = 63 << 20
 # Engines that come in the payload as wheels, each into a site of its own.
 ENGINE_KINDS = ("sglang", "vllm")
 # Where the route trains the EAGLE-3 test models (specdecode_tune.testing.eagle3) when an
@@ -937,30 +947,43 @@ def status_text(work: Work, plan: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def deliver(work: Work, plan: dict) -> None:
+# The results, in their order of need (deliver() sends what fits).
+RESULT_FILES = ("results.tar.gz", READINGS, "search.log", "report.md", "run.json", LANDSCAPE,
+                MODELS_REPORT, "report.html", "gpu_check.txt")
+
+
+def blocks(size: int) -> int:
+    return -(-size // 4096) * 4096
+
+
+def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+    """Copy to $OUT what fits in one call's limits: status.txt, then `first` (--models-back's
+    manifest and chunks), then the results in their order of need; the names sent."""
     out = os.environ.get("OUT")
     if not out:
         say(f"results in {work.results} ($OUT is not set)")
-        return
+        return []
     (work.results / "status.txt").write_text(status_text(work, plan))
     sent: list[str] = []
-    # At most 8 files come back: in this order of need.
-    names = ("status.txt", "results.tar.gz", READINGS, "search.log", "report.md", "run.json",
-             LANDSCAPE, MODELS_REPORT, "report.html", "gpu_check.txt")
-    for name in names:
-        src = work.results / name
+    total = 0
+    for src in (work.results / "status.txt", *first, *(work.results / n for n in RESULT_FILES)):
         if not src.is_file():
             continue
-        if len(sent) == 8:
-            say(f"{name}: left on the machine (8 files come back at most)")
+        size = src.stat().st_size
+        why = (f"{MAX_OUT_FILES} files come back at most" if len(sent) == MAX_OUT_FILES else
+               f"{size >> 20} MiB, over the {MAX_OUT_FILE >> 20} MiB a file can come back"
+               if size > MAX_OUT_FILE else
+               f"{(total + blocks(size)) / 2**20:.1f} MiB with the files before it, over the "
+               f"{MAX_OUT_TOTAL / 2**20:g} MiB a call brings back"
+               if total + blocks(size) > MAX_OUT_TOTAL else None)
+        if why:
+            say(f"{src.name}: left on the machine ({why})")
             continue
-        if src.stat().st_size > MAX_OUT_FILE:
-            say(f"{name}: {src.stat().st_size >> 20} MiB, over the 16 MiB a file can come back; "
-                f"left on the machine")
-            continue
-        shutil.copy2(src, Path(out) / name)
-        sent.append(name)
-    say(f"results copied to $OUT: {', '.join(sent)}")
+        shutil.copy2(src, Path(out) / src.name)
+        sent.append(src.name)
+        total += blocks(size)
+    say(f"copied to $OUT ({total / 2**20:.1f} MiB): {', '.join(sent)}")
+    return sent
 
 
 def stop_pipeline(work: Work) -> None:
@@ -984,6 +1007,176 @@ def stop_pipeline(work: Work) -> None:
         shutil.move(work.runs, work.root / f"runs-{int(time.time())}")
         work.runs.mkdir()
     (work.results / "search.log").unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. the trained models' round trip: --models-back brings them back, --models carries them
+#    to a later session (scripts/device/models_back.py joins them here, between the two)
+
+
+class ChunkWriter:
+    """A file object that cuts what is written to it into files of at most `size` bytes
+    (<name>.001, .002, ...), hashing each chunk and the whole as it goes: the archive is never
+    on the disk whole beside its chunks."""
+
+    def __init__(self, folder: Path, name: str, size: int) -> None:
+        self.folder, self.name, self.size = folder, name, size
+        self.whole = hashlib.sha256()
+        self.chunks: list[dict] = []
+        self.total = 0
+        self._file, self._hash, self._n = None, None, 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            if self._file is None or self._n == self.size:
+                self._next()
+            piece = view[:self.size - self._n]
+            self._file.write(piece)
+            self._hash.update(piece)
+            self.whole.update(piece)
+            self._n += len(piece)
+            self.total += len(piece)
+            view = view[len(piece):]
+        return len(data)
+
+    def _next(self) -> None:
+        self.close()
+        n = len(self.chunks) + 1
+        self.chunks.append({"n": n, "file": f"{self.name}.{n:03d}", "size": 0, "sha256": ""})
+        self._file = open(self.folder / self.chunks[-1]["file"], "wb")  # noqa: SIM115
+        self._hash, self._n = hashlib.sha256(), 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self.chunks[-1].update(size=self._n, sha256=self._hash.hexdigest())
+            self._file = None
+
+
+def models_facts(work: Work, folder: Path) -> dict:
+    """What the trained models are, for whoever carries them later: when and on what they
+    were trained, their acceptance (acceptance.json), the training's summary line, and the
+    weights' sha256 (the same files, whatever session or engine serves them)."""
+    rep_path = folder / "acceptance.json"
+    rep = json.loads(rep_path.read_text()) if rep_path.is_file() else {}
+    rc = work.state / "models.rc"
+    when = (rc if rc.is_file() else folder).stat().st_mtime
+    gpus = gpus_here()
+    return {"trained_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)),
+            "gpu": gpus[0].split(",")[0].strip() if gpus else rep.get("device"),
+            "gpu_line": gpus[0] if gpus else None, "torch": rep.get("torch"),
+            "preset": rep.get("preset"), "seed": rep.get("seed"),
+            "accept_length": (rep.get("greedy") or {}).get("mean_accept_length"),
+            "held_out_loss": (rep.get("target_loss") or {}).get("held_out"),
+            "summary": last_line(work.results / "models.log"),
+            "weights_sha256": {f"{d}/model.safetensors": sha256(folder / d / "model.safetensors")
+                               for d in ("target", "eagle3")
+                               if (folder / d / "model.safetensors").is_file()}}
+
+
+def pack_models_back(work: Work) -> dict:
+    """--models-back: the trained models (cache/eagle3-models) as one tar cut into chunks of
+    MODELS_CHUNK as it is written, and the manifest that comes back with them. Not compressed:
+    bf16 weights of this pair's shapes gzip to ~80% and bz2 or xz to ~70% (docs/gpu.md), which
+    saves no call back and no part carried, for 10-80 s of CPU beside a running search."""
+    src, out = work.cache / EAGLE3_MODELS, work.root / "models-back"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    w = ChunkWriter(out, MODELS_ARCHIVE, MODELS_CHUNK)
+    with tarfile.open(fileobj=w, mode="w|") as t:
+        t.add(src, arcname=EAGLE3_MODELS)
+    w.close()
+    manifest = {"kind": "eagle3-models-back", "archive": MODELS_ARCHIVE, "size": w.total,
+                "sha256": w.whole.hexdigest(), "compression": "none", "chunks": w.chunks,
+                "models": models_facts(work, src), "made_at": time.time()}
+    (out / MODELS_BACK).write_text(json.dumps(manifest, indent=1))
+    work.write("models-back.json", {"sha256": manifest["sha256"], "sent": {}})
+    say(f"models: --models-back: {w.total / 2**20:.1f} MiB archive in {len(w.chunks)} "
+        f"chunk(s) of at most {MODELS_CHUNK >> 20} MiB")
+    return manifest
+
+
+def chunks_arg(text: str) -> str | list[int]:
+    """--models-back's value: "next" (the chunks not sent yet), or chunk numbers such as 5,7
+    or 5-7 (again: those whose call's files did not arrive)."""
+    if text == "next":
+        return text
+    numbers: set[int] = set()
+    for piece in text.split(","):
+        a, _, b = piece.partition("-")
+        try:
+            numbers.update(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: chunk numbers, such as 5,7 or 5-7") from None
+    return sorted(numbers)
+
+
+def models_back_files(work: Work, want: str | list[int] | None) -> list[Path]:
+    """--models-back: the manifest and the chunks to bring back this call, before the results
+    (deliver() sends what fits); [] while the models are not trained here."""
+    if want is None:
+        return []
+    if work.read("models-carried.json"):
+        say("models: --models-back: these models were carried here, not trained: nothing to "
+            "bring back")
+        return []
+    if models_state(work) != "ok":
+        say(f"models: --models-back: not trained yet ({models_state(work)}); they come back "
+            f"on a call once they are")
+        return []
+    out = work.root / "models-back"
+    if not work.read("models-back.json") or not (out / MODELS_BACK).is_file():
+        pack_models_back(work)
+    manifest = json.loads((out / MODELS_BACK).read_text())
+    sent = work.read("models-back.json")["sent"]
+    chunks = [c for c in manifest["chunks"]
+              if (c["file"] not in sent if want == "next" else c["n"] in want)]
+    if not chunks:
+        say(f"models: --models-back: all {len(manifest['chunks'])} chunks have come back "
+            f"already (name some again to resend them, e.g. --models-back 1,2)")
+        return []
+    return [out / MODELS_BACK, *(out / c["file"] for c in chunks)]
+
+
+def models_back_sent(work: Work, sent: list[str]) -> list[int]:
+    """Note which chunks this call brought back; say which are left (the numbers)."""
+    manifest = json.loads((work.root / "models-back" / MODELS_BACK).read_text())
+    back = work.read("models-back.json")
+    call_no = len(work.read("calls.json", [])) + 1
+    for c in manifest["chunks"]:
+        if c["file"] in sent:
+            back["sent"][c["file"]] = call_no
+    work.write("models-back.json", back)
+    here = [c["n"] for c in manifest["chunks"] if c["file"] in sent]
+    left = [c["n"] for c in manifest["chunks"] if c["file"] not in back["sent"]]
+    n = len(manifest["chunks"])
+    say(f"models: chunks {numbers_text(here) or 'none'} of {n} in this call's $OUT, with "
+        f"{MODELS_BACK}" + (f"; {numbers_text(left)} still to come back" if left else
+                            f"; all {n} have come back (calls "
+                            f"{numbers_text(sorted(set(back['sent'].values())))}): join them "
+                            f"here with `python3 scripts/device/models_back.py` and those "
+                            f"calls' $OUT folders"))
+    return left
+
+
+def numbers_text(numbers: list[int]) -> str:
+    """1,2,3,5 -> "1-3,5"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+def bring_back(work: Work, plan: dict, want: str | list[int] | None) -> list[int]:
+    """deliver(), with --models-back's files first; the model chunks still to come back."""
+    first = models_back_files(work, want)
+    sent = deliver(work, plan, first)
+    return models_back_sent(work, sent) if first and os.environ.get("OUT") else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1021,6 +1214,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the search, hold the backend's readings against the live "
                          "server: scripts/device/engine_readings.py with these arguments (one "
                          f"string); its files come back as {READINGS}")
+    ap.add_argument("--models-back", nargs="?", const="next", default=None, type=chunks_arg,
+                    metavar="CHUNKS",
+                    help="bring the trained EAGLE-3 models back in $OUT: one tar cut into "
+                         f"chunks of {MODELS_CHUNK >> 20} MiB, first in $OUT (4 a call), with "
+                         f"{MODELS_BACK}; each call the next chunks, or CHUNKS again (e.g. 5,7)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdecode-gpu"))
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1119,11 +1317,16 @@ def call(args: argparse.Namespace, work: Work) -> int:
         collect(work, plan)
         if (work.results / "readings").is_dir() and not (work.results / READINGS).is_file():
             pack_readings(work)
-        deliver(work, plan)
+        left = bring_back(work, plan, args.models_back)
         say(f"NEXT: the pipeline is still running ({', '.join(steps) or 'starting'} so far); "
-            f"call again with the same command (no carry needed) within 30 s")
+            f"call again with the same command (no carry needed) within 30 s"
+            + (f" (--models-back: chunks {numbers_text(left)} next)" if left else ""))
         return CALL_AGAIN
-    deliver(work, plan)
+    return finished(work, plan, state, bring_back(work, plan, args.models_back))
+
+
+def finished(work: Work, plan: dict, state: str, models_left: list[int]) -> int:
+    """The pipeline has ended: its summary; DONE, or FAILED; NEXT while model chunks are left."""
     print(status_text(work, plan), end="")
     search_log = work.results / "search.log"
     if search_log.is_file():
@@ -1131,6 +1334,10 @@ def call(args: argparse.Namespace, work: Work) -> int:
         print("\n".join(search_log.read_text(errors="replace").splitlines()[-15:]))
     say("DONE" if state == "ok" else "FAILED: see status.txt and the logs in results.tar.gz; "
         "fix, then call again with --retry (from the failed step) or --restart (a new search)")
+    if models_left:
+        say(f"NEXT: the models' chunks {numbers_text(models_left)} are still to come back: "
+            f"call again with the same command (--models-back, no carry needed) within 30 s")
+        return CALL_AGAIN
     return 0 if state == "ok" else 1
 
 

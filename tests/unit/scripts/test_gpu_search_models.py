@@ -49,3 +49,145 @@ def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys):
     assert gs.missing_parts(work, staged) == [2]
     assert not (work.payload / "a.whl").exists()
     assert (work.payload / "b.whl").read_bytes() == (src / "b.whl").read_bytes()
+
+
+# --- the machine, faked: a GPU name, a payload installed, no source snapshots ---------------
+
+GPU = "NVIDIA H100 80GB HBM3, 9.0, 81559 MiB"
+SIZES = {"target": 3_000_000, "eagle3": 1_200_000}
+
+
+def _machine(tmp_path, monkeypatch, name="work", pipeline="ok"):
+    """A work dir as the route leaves it once the payload is installed; the pipeline ended
+    ("ok") or running ("running": this test's own pid stands for it)."""
+    # Never the real build/gpu-payload (in the main checkout it holds the packs).
+    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
+    monkeypatch.setattr(gs, "gpus_here", lambda: [GPU])
+    monkeypatch.setattr(gs, "snapshot", lambda work: None)
+    monkeypatch.setattr(gs, "validate", lambda plan, work: Path(plan["run_experiment"]).parent
+                        .mkdir(parents=True, exist_ok=True))
+    work = gs.Work(tmp_path / name)
+    work.write("manifest.json", {"pack_id": "p1", "parts": 1, "files": []})
+    work.write("installed.json", {"at": 0, "pack_id": "p1", "problems": []})
+    if pipeline == "ok":
+        (work.state / "pipeline.rc").write_text("0\n")
+    else:
+        work.write("pipeline.pid", os.getpid())
+    return work
+
+
+def _trained(work) -> Path:
+    """A fake trained pair (random bytes) in the layout the training leaves."""
+    folder = work.cache / "eagle3-models"
+    for d, n in SIZES.items():
+        (folder / d).mkdir(parents=True)
+        (folder / d / "model.safetensors").write_bytes(os.urandom(n))
+        (folder / d / "config.json").write_text(json.dumps({"d": d}))
+    (folder / "target" / "tokenizer.json").write_text('{"model": {}}')
+    (folder / "acceptance.json").write_text(json.dumps({
+        "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "preset": "gpu",
+        "seed": 0, "greedy": {"mean_accept_length": 3.77}, "target_loss": {"held_out": 3.03}}))
+    (work.state / "models.rc").write_text("0\n")
+    (work.results / "models.log").write_text(
+        "train...\nmodels: gpu preset on NVIDIA H100: greedy accept length 3.77; 202 s\n")
+    return folder
+
+
+def _call(work, out: Path, *extra: str) -> int:
+    out.mkdir(parents=True)
+    os.environ["OUT"] = str(out)
+    try:
+        return gs.main(["--experiment", "experiments/sglang-gpu.toml", "--no-check",
+                        "--wait", "0", "--work", str(work.root), *extra])
+    finally:
+        del os.environ["OUT"]
+
+
+def _small_limits(monkeypatch):
+    """Chunks of 1 MiB, 2.5 MiB a call: the 4.2 MB pair needs several calls."""
+    monkeypatch.setattr(gs, "MODELS_CHUNK", 1 << 20)
+    monkeypatch.setattr(gs, "MAX_OUT_FILE", 1 << 20)
+    monkeypatch.setattr(gs, "MAX_OUT_TOTAL", (5 << 20) // 2)
+
+
+def _bring_back(tmp_path, monkeypatch, capsys, pipeline="ok") -> list[Path]:
+    """The models brought back call after call, as a session would; the calls' $OUT folders."""
+    _small_limits(monkeypatch)
+    work = _machine(tmp_path, monkeypatch, pipeline=pipeline)
+    _trained(work)
+    outs = []
+    for i in range(1, 10):
+        outs.append(tmp_path / "device" / str(i))
+        rc = _call(work, outs[-1], "--models-back")
+        said = capsys.readouterr().out
+        if "still to come back" not in said:
+            break
+        assert rc == gs.CALL_AGAIN and "NEXT:" in said
+    assert rc == (gs.CALL_AGAIN if pipeline == "running" else 0)
+    # 4.0 MiB in 1 MiB chunks, 2 of them a call (and the short last one where it fits).
+    assert "all 5 have come back (calls 1-2)" in said
+    return outs
+
+
+def test_the_models_come_back_in_chunks_within_each_calls_limits(tmp_path, monkeypatch,
+                                                                  capsys):
+    outs = _bring_back(tmp_path, monkeypatch, capsys)
+    assert len(outs) == 2
+    chunks = []
+    for out in outs:
+        files = sorted(out.iterdir())
+        assert len(files) <= gs.MAX_OUT_FILES
+        assert all(f.stat().st_size <= gs.MAX_OUT_FILE for f in files)
+        assert sum(gs.blocks(f.stat().st_size) for f in files) <= gs.MAX_OUT_TOTAL
+        # status.txt always; the manifest with every chunk.
+        assert {"status.txt", gs.MODELS_BACK} <= {f.name for f in files}
+        chunks += [f.name for f in files if f.name.startswith(gs.MODELS_ARCHIVE + ".")]
+    manifest = json.loads((outs[0] / gs.MODELS_BACK).read_text())
+    assert sorted(chunks) == [c["file"] for c in manifest["chunks"]]      # each once
+    assert manifest["compression"] == "none" and manifest["size"] > sum(SIZES.values())
+    models = manifest["models"]
+    assert models["gpu"] == "NVIDIA H100 80GB HBM3" and models["torch"] == "2.11.0+cu130"
+    assert models["accept_length"] == 3.77
+    assert models["summary"].endswith("greedy accept length 3.77; 202 s")
+
+
+def test_models_back_waits_for_the_training_and_leaves_a_running_pipeline_alone(
+        tmp_path, monkeypatch, capsys):
+    """While the pair trains nothing is sent (the call follows the pipeline as ever); once it
+    is trained, a call that follows a running pipeline brings chunks first and the results
+    that still fit, and leaves the pipeline running."""
+    _small_limits(monkeypatch)
+    work = _machine(tmp_path, monkeypatch, pipeline="running")
+    work.write("models.pid", os.getpid())
+    rc = _call(work, tmp_path / "o1", "--models-back")
+    assert rc == gs.CALL_AGAIN
+    assert "not trained yet (running)" in capsys.readouterr().out
+    assert not [f for f in (tmp_path / "o1").iterdir() if f.name.startswith("eagle3-models")]
+    (work.state / "models.pid").unlink()
+    _trained(work)
+    (work.results / "search.log").write_text("trial 1\n")
+    rc = _call(work, tmp_path / "o2", "--models-back")
+    said = capsys.readouterr().out
+    # 2 chunks of 1 MiB fill the call but for the short last one, and the small results.
+    assert rc == gs.CALL_AGAIN and "(--models-back: chunks 3-4 next)" in said
+    got = sorted(f.name for f in (tmp_path / "o2").iterdir())
+    assert got == sorted(["status.txt", gs.MODELS_BACK, "results.tar.gz", "search.log",
+                          *(f"{gs.MODELS_ARCHIVE}.{i:03d}" for i in (1, 2, 5))])
+    assert gs.pipeline_state(work) == "running"
+
+
+def test_a_chunk_whose_call_was_lost_comes_back_again_by_its_number(tmp_path, monkeypatch,
+                                                                    capsys):
+    _bring_back(tmp_path, monkeypatch, capsys)
+    work = gs.Work(tmp_path / "work")
+    assert _call(work, tmp_path / "again", "--models-back", "2,4") == 0
+    assert sorted(f.name for f in (tmp_path / "again").iterdir() if ".tar." in f.name) == [
+        f"{gs.MODELS_ARCHIVE}.002", f"{gs.MODELS_ARCHIVE}.004"]
+
+
+def test_the_real_limits_bring_four_chunks_a_call():
+    """4 chunks of MODELS_CHUNK beside status.txt and the manifest: the ~101 MiB pair comes
+    back in 2 calls."""
+    assert gs.MODELS_CHUNK <= gs.MAX_OUT_FILE
+    assert 4 * gs.MODELS_CHUNK + 2 * (64 << 10) <= gs.MAX_OUT_TOTAL
+    assert 5 * gs.MODELS_CHUNK > gs.MAX_OUT_TOTAL
