@@ -191,3 +191,55 @@ def test_the_real_limits_bring_four_chunks_a_call():
     assert gs.MODELS_CHUNK <= gs.MAX_OUT_FILE
     assert 4 * gs.MODELS_CHUNK + 2 * (64 << 10) <= gs.MAX_OUT_TOTAL
     assert 5 * gs.MODELS_CHUNK > gs.MAX_OUT_TOTAL
+
+
+# --- here: join the chunks, cut the parts -------------------------------------------------
+
+mb = _load("models_back")
+
+
+def _joined(tmp_path, monkeypatch, capsys) -> Path:
+    """The chunks brought back and joined here into parts of 2 MiB: build/eagle3-models."""
+    outs = _bring_back(tmp_path, monkeypatch, capsys)
+    build = tmp_path / "build" / "eagle3-models"
+    assert mb.main([*map(str, outs), "--out", str(build), "--part-mib", "2"]) == 0
+    return build
+
+
+def test_the_chunks_join_here_into_parts_a_later_session_carries(tmp_path, monkeypatch,
+                                                                 capsys):
+    build = _joined(tmp_path, monkeypatch, capsys)
+    said = capsys.readouterr().out
+    assert "trained" in said and "on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130), greedy " \
+                                 "accept length 3.77" in said
+    parts = sorted(build.glob("part*"))
+    assert len(parts) == 3                                    # 4.0 MiB in parts of 2 MiB
+    manifest = json.loads((parts[0] / "manifest.json").read_text())
+    assert manifest["kind"] == "eagle3-models" and manifest["parts"] == 3
+    assert manifest["models"]["accept_length"] == 3.77
+    for p in parts:
+        assert sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") \
+            <= 2 << 20
+    # The archive kept here is the one the machine made.
+    back = json.loads((tmp_path / "device" / "1" / gs.MODELS_BACK).read_text())
+    assert manifest["archive_sha256"] == back["sha256"] == manifest["files"][0]["sha256"]
+    assert pp.sha256(build / "cache" / gs.MODELS_ARCHIVE) == back["sha256"]
+
+
+def test_a_damaged_or_missing_chunk_is_refused_with_its_number(tmp_path, monkeypatch, capsys):
+    outs = _bring_back(tmp_path, monkeypatch, capsys)
+    chunk = next(outs[0].glob(f"{gs.MODELS_ARCHIVE}.002"))
+    chunk.write_bytes(chunk.read_bytes()[:-1] + b"\0")
+    build = tmp_path / "build" / "eagle3-models"
+    assert mb.main([*map(str, outs), "--out", str(build), "--part-mib", "2"]) == 1
+    said = capsys.readouterr().out
+    assert "eagle3-models.tar.002: sha256 differs from the manifest" in said
+    assert "a call with `--models-back 2`" in said
+    assert not build.exists()
+    # Chunk 4 left out (its call's folder not given) as well: both named.
+    assert mb.main([str(outs[0]), "--out", str(build), "--part-mib", "2"]) == 1
+    said = capsys.readouterr().out
+    assert "eagle3-models.tar.004: not in any folder given" in said
+    assert "`--models-back 2,3,4`" in said
+    # A folder that is no --models-back call's $OUT: refused.
+    assert mb.main([str(tmp_path), "--out", str(build)]) == 2
