@@ -3,7 +3,8 @@
 
     python3 scripts/device/gpu_search.py [--experiment experiments/llamacpp-gpu.toml]
         [--gpus-per-trial N] [--max-concurrent N|auto] [--max-trials N] [--wait S]
-        [--no-check] [--retry | --restart] [-- ARGS FOR specdecode_tune.search]
+        [--no-check] [--retry | --restart] [--models DIR | --models-back [CHUNKS]]
+        [-- ARGS FOR specdecode_tune.search]
 
 The same command every call; only what the call carries changes (build/gpu-payload/part1, then
 part2, ..., from scripts/device/pack_payload.py). Each call does what it can and says what is
@@ -27,6 +28,12 @@ long as the machine is still warm:
             (exit 0, or 1 if a step failed; any later call copies them again) or says "call
             again" (exit 75). A failed step runs again only with --retry; --restart starts a
             new search (the build, the install and the model are kept).
+
+The EAGLE-3 test models (SGLang and vLLM experiments) are trained in the background from the
+first call, or carried: --models-back brings a trained pair back in $OUT (a tar in chunks, with
+eagle3-models.json), scripts/device/models_back.py joins it here into parts, and a later
+session's --models build/eagle3-models stages those parts (one a call), unpacks them and trains
+nothing; the model step waits for them as it waits for a training (docs/gpu.md section 5).
 
 Results in $OUT: report.md, report.html (figures embedded), search.log (the search's whole
 stdout), gpu_check.txt, run.json (trials, levels, telemetry summary), results.tar.gz (the run
@@ -175,8 +182,10 @@ class Lane(NamedTuple):
 
 
 PAYLOAD = Lane("payload", "manifest.json", "stage", "payload", ("installed.json",), None)
+# A new models pack makes the unpacked one stale (unpack_models replaces it when whole); the
+# intent (models-carried.json: --models was given) stays.
 MODELS = Lane("models", "models-manifest.json", "models-stage", "models-joined",
-              ("models-carried.json",), MODELS_KIND)
+              ("models-unpacked.json",), MODELS_KIND)
 
 
 def part_folders(dirs: list[str] | tuple[str, ...]) -> list[Path]:
@@ -485,7 +494,87 @@ def engine_python(work: Work, engine: str) -> Path:
 
 
 def models_state(work: Work) -> str:
-    return job_state(work, "models")
+    """The models' job: the training's state, or, while carried models are awaited (--models,
+    not yet unpacked), "running": then no training starts, and the pipeline's model step waits
+    for them as it waits for a training."""
+    state = job_state(work, "models")
+    return "running" if state == "none" and models_awaited(work) else state
+
+
+def models_awaited(work: Work) -> bool:
+    """--models was given (at this call or an earlier one), the carried archive is not
+    unpacked yet, and no training was started in this work dir."""
+    return bool(work.read("models-carried.json")) and not work.read("models-unpacked.json") \
+        and not (work.state / "models.pid").is_file()
+
+
+def models_line(work: Work) -> str:
+    """Where the models stand, in one line."""
+    unpacked = work.read("models-unpacked.json")
+    if unpacked:
+        return carried_note(unpacked["models"])
+    if models_awaited(work):
+        mm = work.read(MODELS.manifest)
+        have = mm["parts"] - len(missing_parts(work, mm, MODELS)) if mm else 0
+        return (f"waiting for the carried models ({have} of {mm['parts'] if mm else '?'} "
+                f"part(s) staged), not training")
+    return f"{models_state(work)}; {last_line(work.results / 'models.log')}"
+
+
+def carried_note(facts: dict) -> str:
+    x = facts.get("accept_length")
+    return (f"carried (trained {facts.get('trained_at', '?')} on {facts.get('gpu', '?')}, "
+            f"accept length {x:.2f}), not trained" if x is not None else
+            f"carried (trained {facts.get('trained_at', '?')} on {facts.get('gpu', '?')}), "
+            f"not trained")
+
+
+def stage_models(work: Work, folder: str | None) -> dict | None:
+    """--models DIR: stage the carried models' parts (models_back.py's) in their own lane and,
+    once the archive is whole and checked, unpack it. From the first call with --models the
+    models are awaited (models_state). The lane's manifest, or None while no part has come."""
+    carried = work.read("models-carried.json")
+    if folder and not carried:
+        carried = {"from": folder}
+        work.write("models-carried.json", carried)
+    if not carried:
+        return None
+    manifest = stage(work, [folder or carried["from"]], MODELS)
+    if manifest and not missing_parts(work, manifest, MODELS):
+        unpack_models(work, manifest)
+    return manifest
+
+
+def unpack_models(work: Work, manifest: dict) -> None:
+    """The carried archive, whole and checked, unpacked into cache/eagle3-models (replaced
+    whole, or left as it was); state/models.rc then says "ok" as a finished training's does,
+    and the model step goes on with these models. Not over a pair trained in this work dir."""
+    if work.read("models-unpacked.json"):
+        return
+    if (work.state / "models.pid").is_file():
+        say("models: trained in this work dir already (a call without --models): the carried "
+            "ones are not used")
+        return
+    archive = work.root / MODELS.joined / manifest["files"][0]["name"]
+    dest, tmp = work.cache / EAGLE3_MODELS, work.cache / f".{EAGLE3_MODELS}.carried"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(archive) as t:
+        t.extractall(tmp, filter="data")
+    got = tmp / EAGLE3_MODELS
+    lacks = [n for n in ("target/config.json", "eagle3/config.json") if not (got / n).is_file()]
+    note = (f"the carried archive lacks {', '.join(lacks)}" if lacks else
+            carried_note(manifest.get("models", {})))
+    if not lacks:
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(got, dest)
+        work.write("models-unpacked.json", {"pack_id": manifest["pack_id"], "at": time.time(),
+                                            "models": manifest.get("models", {})})
+    shutil.rmtree(tmp, ignore_errors=True)
+    with open(work.results / "models.log", "a") as log:
+        log.write(f"{note}\n")
+    (work.state / "models.rc.tmp").write_text("1\n" if lacks else "0\n")
+    os.replace(work.state / "models.rc.tmp", work.state / "models.rc")
+    say(f"models: {note}" + ("" if lacks else f"; unpacked into {dest}"))
 
 
 def sharegpt_site(work: Work, manifest: dict) -> Path | None:
@@ -710,6 +799,32 @@ def start_pipeline(work: Work, plan: dict) -> None:
         f"results)")
 
 
+def eagle3_models(work: Work, plan: dict, manifest: dict) -> tuple[bool, str]:
+    """The pipeline's model step for the EAGLE-3 test pair: trained here (started at the first
+    call, or now) or carried (--models); either way it waits while models_state says
+    "running"."""
+    target, draft = Path(plan["model"]), Path(plan["draft"])
+    if models_state(work) == "none" and not (target / "config.json").is_file():
+        start_models(work, plan, manifest)
+    end = time.monotonic() + 1800
+    while models_state(work) == "running" and time.monotonic() < end:
+        time.sleep(2)
+    carried = bool(work.read("models-carried.json")) and not (
+        work.state / "models.pid").is_file()
+    how = "the carried models" if carried else "training"
+    if models_state(work) == "running":
+        return False, f"{how}: not there after 30 minutes ({models_line(work)})"
+    if models_state(work) == "failed":
+        return False, f"{how} failed: {last_line(work.results / 'models.log')}"
+    for d in (target, draft):
+        if not (d / "config.json").is_file():
+            return False, f"{d} has no config.json after {how}"
+    report = target.parent / "acceptance.json"
+    if report.is_file():
+        shutil.copy2(report, work.results / MODELS_REPORT)
+    return True, models_line(work) if carried else last_line(work.results / "models.log")
+
+
 def pipeline(work: Work) -> int:
     WHO[0] = "pipeline"
     plan = work.read("plan.json")
@@ -747,7 +862,7 @@ def pipeline(work: Work) -> int:
     def model():
         path = Path(plan["model"]) if plan["model"] else None
         if plan.get("make_models"):
-            return eagle3_models()
+            return eagle3_models(work, plan, manifest)
         if plan["backend"] != "llamacpp":
             return True, f"{plan['backend']}: the engine finds its model itself"
         if path is None or path.exists():
@@ -773,23 +888,6 @@ def pipeline(work: Work) -> int:
             return False, (r.stdout + r.stderr).strip()[-500:]
         os.replace(tmp, path)
         return True, r.stdout.strip().splitlines()[-1].replace(str(tmp), str(path))
-
-    def eagle3_models():
-        target, draft = Path(plan["model"]), Path(plan["draft"])
-        if models_state(work) == "none" and not (target / "config.json").is_file():
-            start_models(work, plan, manifest)
-        end = time.monotonic() + 1800
-        while models_state(work) == "running" and time.monotonic() < end:
-            time.sleep(2)
-        if models_state(work) == "failed":
-            return False, f"training failed: {last_line(work.results / 'models.log')}"
-        for d in (target, draft):
-            if not (d / "config.json").is_file():
-                return False, f"{d} has no config.json after training"
-        report = target.parent / "acceptance.json"
-        if report.is_file():
-            shutil.copy2(report, work.results / MODELS_REPORT)
-        return True, last_line(work.results / "models.log")
 
     def readings():
         if not plan.get("readings"):
@@ -939,6 +1037,12 @@ def status_text(work: Work, plan: dict | None) -> str:
     installed = work.read("installed.json")
     if installed:
         lines += [f"install: {p}" for p in installed["problems"]] or ["install: ok"]
+    if work.read("models-carried.json"):
+        lines.append(f"models: {models_line(work)}")
+    back = work.read("models-back.json")
+    if back:
+        lines.append(f"models back (--models-back): {len(back['sent'])} chunk(s) sent, in calls "
+                     f"{numbers_text(sorted(set(back['sent'].values()))) or '-'}")
     for name, s in steps.items():
         lines.append(f"{name:7} {'ok' if s['ok'] else 'FAILED'} {s['wall_s']:7.1f}s  {s['note']}")
     calls = [c["wall_s"] for c in work.read("calls.json", [])] + [time.monotonic() - T0]
@@ -1214,6 +1318,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the search, hold the backend's readings against the live "
                          "server: scripts/device/engine_readings.py with these arguments (one "
                          f"string); its files come back as {READINGS}")
+    ap.add_argument("--models", default=None, metavar="DIR",
+                    help="carry the trained EAGLE-3 models instead of training them: DIR holds "
+                         "part*/manifest.json from scripts/device/models_back.py (e.g. "
+                         "build/eagle3-models); carry one part a call")
     ap.add_argument("--models-back", nargs="?", const="next", default=None, type=chunks_arg,
                     metavar="CHUNKS",
                     help="bring the trained EAGLE-3 models back in $OUT: one tar cut into "
@@ -1249,6 +1357,12 @@ def call(args: argparse.Namespace, work: Work) -> int:
     if args.restart:
         stop_pipeline(work)
     manifest = stage(work, args.payload)
+    stage_models(work, args.models)
+    if manifest is None and work.read("models-carried.json"):
+        say(f"NEXT: call again with the same command, carrying "
+            f"{', '.join(parts_to_carry(work, None, args))} (one part a call; within 30 s, "
+            f"while this machine is warm)")
+        return CALL_AGAIN
     if manifest is None:
         say("nothing staged and no part carried: pack here with "
             "`python3 scripts/device/pack_payload.py`, then carry build/gpu-payload/part1")
@@ -1256,8 +1370,23 @@ def call(args: argparse.Namespace, work: Work) -> int:
     # The ShareGPT text (part 1) is unpacked at once: a sharegpt workload validates against
     # it, and the EAGLE-3 test models train on it while the other parts arrive.
     sharegpt_site(work, manifest)
+    plan = settle_plan(args, work, len(gpus))
+    start_jobs(work, plan, manifest)
+    if missing_parts(work, manifest):
+        say(f"NEXT: call again with the same command, carrying "
+            f"{', '.join(parts_to_carry(work, manifest, args))} (one part a call; within 30 s, "
+            f"while this machine is warm)")
+        return CALL_AGAIN
+    if not work.read("installed.json") and not install(work, manifest):
+        return 1
+    return run_pipeline(args, work, plan)
+
+
+def settle_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
+    """This call's plan, or the one of the pipeline already started if this call's settings
+    differ (--restart takes the new ones)."""
     plan = work.read("plan.json")
-    new = make_plan(args, work, len(gpus))
+    new = make_plan(args, work, n_gpus)
     started = (work.state / "pipeline.pid").is_file()
     same = ("experiment", "run_experiment_text", "search_argv")
     if plan and started and {k: plan[k] for k in same} != {k: new[k] for k in same}:
@@ -1274,6 +1403,12 @@ def call(args: argparse.Namespace, work: Work) -> int:
     say(f"plan: {plan['experiment']} as {Path(plan['run_experiment']).name}: "
         f"{plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} at a time, "
         f"backend {plan['backend']}")
+    return plan
+
+
+def start_jobs(work: Work, plan: dict, manifest: dict) -> None:
+    """The background jobs that may start before every part is staged: the llama.cpp build,
+    and the models' training (not when the models are carried: --models)."""
     if plan["needs_llama_build"] and build_state(work) == "none":
         if manifest.get("llama_src") and (work.payload / manifest["llama_src"]).exists():
             start_build(work, manifest)
@@ -1285,16 +1420,33 @@ def call(args: argparse.Namespace, work: Work) -> int:
             Path(plan["model"]) / "config.json").is_file():
         start_models(work, plan, manifest)
     elif plan.get("make_models"):
-        say(f"models: {models_state(work)}; {last_line(work.results / 'models.log')}")
-    missing = missing_parts(work, manifest)
+        say(f"models: {models_line(work)}")
+
+
+def parts_to_carry(work: Work, manifest: dict | None, args: argparse.Namespace) -> list[str]:
+    """The parts the next calls carry, in order: the carried models' missing parts first (the
+    call that completes the payload starts the pipeline, whose model step then finds them
+    there), then the payload's."""
+    if manifest is None:
+        return [*model_parts_to_carry(work), f"{(args.payload or PAYLOAD_DIRS)[0]}/part1"]
     src = manifest.get("carried_from", PAYLOAD_DIRS[0])
-    if missing:
-        say(f"NEXT: call again with the same command, carrying "
-            f"{', '.join(f'{src}/part{i}' for i in missing)} (one part a call; "
-            f"within 30 s, while this machine is warm)")
-        return CALL_AGAIN
-    if not work.read("installed.json") and not install(work, manifest):
-        return 1
+    return [*model_parts_to_carry(work),
+            *(f"{src}/part{i}" for i in missing_parts(work, manifest))]
+
+
+def model_parts_to_carry(work: Work) -> list[str]:
+    """The carried models' parts not staged yet (part1 while none has come: the manifest
+    says how many there are)."""
+    if not models_awaited(work):
+        return []
+    mm = work.read(MODELS.manifest)
+    src = mm["carried_from"] if mm else work.read("models-carried.json")["from"]
+    return [f"{src}/part{i}" for i in (missing_parts(work, mm, MODELS) if mm else [1])]
+
+
+def run_pipeline(args: argparse.Namespace, work: Work, plan: dict) -> int:
+    """Start the pipeline (or again from its failed step, with --retry), follow it until it
+    ends or --wait has passed, and bring back what there is."""
     state = pipeline_state(work)
     if state == "none" or (state == "failed" and args.retry):
         if state == "failed":
@@ -1302,6 +1454,14 @@ def call(args: argparse.Namespace, work: Work) -> int:
                 "kept; a search resumes)")
         snapshot(work)
         start_pipeline(work, plan)
+    if plan.get("make_models") and models_awaited(work) and pipeline_state(work) == "running":
+        # The model step waits for them: following it now would spend the call on a wait
+        # that only the next call's carry can end.
+        deliver(work, plan)
+        say(f"NEXT: the pipeline's model step waits for the carried models: call again with "
+            f"the same command, carrying {', '.join(model_parts_to_carry(work))} (one part a "
+            f"call; within 30 s)")
+        return CALL_AGAIN
     pos = work.read("follow.json", {})
     follower = Follower([work.results / "pipeline.log", work.results / "search.log"], pos)
     while pipeline_state(work) == "running" and time.monotonic() - T0 < args.wait:

@@ -6,10 +6,14 @@ the pipeline's model step use them instead of training."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -243,3 +247,130 @@ def test_a_damaged_or_missing_chunk_is_refused_with_its_number(tmp_path, monkeyp
     assert "`--models-back 2,3,4`" in said
     # A folder that is no --models-back call's $OUT: refused.
     assert mb.main([str(tmp_path), "--out", str(build)]) == 2
+
+
+# --- a later session: carry the parts, train nothing ----------------------------------------
+
+
+def _no_training(*_a, **_k):
+    raise AssertionError("carried models: nothing is trained")
+
+
+def _later(tmp_path, monkeypatch, capsys, payload_done=True):
+    """The parts joined here (3 of them), and a fresh machine of a later session: the
+    payload staged (part 2 still to come unless payload_done), installed; a pipeline started
+    is this test's pid (nothing runs)."""
+    build = _joined(tmp_path, monkeypatch, capsys)
+    capsys.readouterr()
+    work = _machine(tmp_path, monkeypatch, name="later", pipeline=None)
+    (work.state / "pipeline.pid").unlink()
+    if not payload_done:
+        work.write("manifest.json", {"pack_id": "p1", "parts": 2, "carried_from":
+                                     "build/gpu-payload", "files": [{
+                                         "name": "x.whl", "size": 1, "sha256": "0", "chunks": [
+                                             {"part": 2, "file": "x.whl", "offset": 0,
+                                              "size": 1}]}]})
+    monkeypatch.setattr(gs, "start_models", _no_training)
+    monkeypatch.setattr(gs, "start_pipeline", lambda w, plan: w.write("pipeline.pid",
+                                                                       os.getpid()))
+    return build, work
+
+
+def _carry(build: Path, carry: Path, *numbers: int) -> None:
+    """What one call carries: build/eagle3-models with only these parts in it."""
+    shutil.rmtree(carry, ignore_errors=True)
+    carry.mkdir(parents=True)
+    for n in numbers:
+        shutil.copytree(build / f"part{n}", carry / f"part{n}")
+
+
+def test_the_parts_are_staged_across_calls_then_unpacked_and_nothing_trains(
+        tmp_path, monkeypatch, capsys):
+    build, work = _later(tmp_path, monkeypatch, capsys, payload_done=False)
+    carry = tmp_path / "carry" / "eagle3-models"
+    rcs, said = [], []
+    for n in (1, 2, 3):
+        _carry(build, carry, n)
+        rcs.append(_call(work, tmp_path / "out" / str(n), "--models", str(carry)))
+        said.append(capsys.readouterr().out)
+    assert rcs == [gs.CALL_AGAIN] * 3
+    # The models' missing parts are named first, then the payload's.
+    assert f"carrying {carry}/part2, {carry}/part3, build/gpu-payload/part2 (one part" in said[0]
+    assert "models: waiting for the carried models (1 of 3 part(s) staged), not training" \
+        in said[0]
+    assert f"carrying {carry}/part3, build/gpu-payload/part2 (one part" in said[1]
+    assert "models: carried (trained " in said[2] and "on NVIDIA H100 80GB HBM3, accept " \
+        "length 3.77), not trained; unpacked into" in said[2]
+    assert "carrying build/gpu-payload/part2 (one part" in said[2]
+    assert gs.models_state(work) == "ok"
+    trained = tmp_path / "work" / "cache" / "eagle3-models"
+    got = work.cache / "eagle3-models"
+    for f in trained.rglob("*"):
+        if f.is_file():
+            assert (got / f.relative_to(trained)).read_bytes() == f.read_bytes()
+
+
+def test_a_pipeline_started_before_the_models_came_names_their_part_at_once(
+        tmp_path, monkeypatch, capsys):
+    """The payload's last part came first: the pipeline starts (its model step will wait),
+    and the call does not follow it for --wait seconds but names the models' next part."""
+    build, work = _later(tmp_path, monkeypatch, capsys)
+    carry = tmp_path / "carry" / "eagle3-models"
+    _carry(build, carry, 1)
+    t = time.monotonic()
+    rc = _call(work, tmp_path / "out" / "1", "--models", str(carry), "--wait", "60")
+    said = capsys.readouterr().out
+    assert rc == gs.CALL_AGAIN and time.monotonic() - t < 20
+    assert "NEXT: the pipeline's model step waits for the carried models: call again with " \
+           f"the same command, carrying {carry}/part2, {carry}/part3 (one part" in said
+    assert gs.models_state(work) == "running"
+    # A damaged part 2 is dropped with one line; carried again whole, it is staged.
+    _carry(build, carry, 2)
+    chunk = next(f for f in (carry / "part2").iterdir() if f.name != "manifest.json")
+    chunk.write_bytes(b"\0" + chunk.read_bytes()[1:])
+    _call(work, tmp_path / "out" / "2", "--models", str(carry))
+    said = capsys.readouterr().out
+    assert f"models part 2: {chunk.name}: sha256 differs from the manifest; dropped: carry " \
+           f"{carry}/part2 again" in said
+    assert f"carrying {carry}/part2, {carry}/part3" in said
+    # A models part passed as a payload folder by mistake is left alone.
+    _carry(build, carry, 2)
+    _call(work, tmp_path / "out" / "3", "--models", str(carry), "--payload", str(carry))
+    said = capsys.readouterr().out
+    assert "a part of eagle3-models, not of the payload: left alone" in said
+    assert "staged models part 2 of 3 (1 new file(s))" in said
+    assert work.read("manifest.json")["pack_id"] == "p1"          # the payload's, untouched
+
+
+def test_the_model_step_waits_for_the_carried_models_and_trains_nothing(
+        tmp_path, monkeypatch, capsys):
+    """The pipeline's model step while the models' last part is still on its way: it waits
+    (as for a training) and goes on with the carried pair, its note says where they came
+    from, and nothing is trained."""
+    build, work = _later(tmp_path, monkeypatch, capsys)
+    monkeypatch.setattr(gs, "WHO", ["gpu_search"])
+    carry = tmp_path / "carry" / "eagle3-models"
+    _carry(build, carry, 1, 2)
+    gs.stage_models(work, str(carry))
+    args = argparse.Namespace(experiment="experiments/sglang-gpu.toml", gpus_per_trial=None,
+                              max_concurrent=None, max_trials=None, no_check=True,
+                              record=False, record_onto=None, readings=None, search_args=[])
+    plan = gs.make_plan(args, work, 1)
+    plan["search_argv"] = [sys.executable, "-c", "pass"]
+    work.write("plan.json", plan)
+    assert gs.models_state(work) == "running"
+
+    def last_part_comes():
+        _carry(build, carry, 3)
+        gs.stage_models(work, None)
+
+    threading.Timer(1.0, last_part_comes).start()
+    assert gs.pipeline(work) == 0
+    steps = work.read("steps.json")
+    assert steps["model"]["ok"] and steps["model"]["wall_s"] >= 1.0
+    assert steps["model"]["note"].startswith("carried (trained ")
+    assert steps["model"]["note"].endswith("on NVIDIA H100 80GB HBM3, accept length 3.77), "
+                                           "not trained")
+    assert json.loads((work.results / gs.MODELS_REPORT).read_text())["greedy"][
+        "mean_accept_length"] == 3.77
+    assert "models: carried (trained" in gs.status_text(work, plan)
