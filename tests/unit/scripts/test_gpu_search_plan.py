@@ -67,11 +67,14 @@ def test_vllm_plan_runs_servers_through_its_own_site_on_the_same_models(tmp_path
     assert load_experiment(path).backend.python == str(work.root / "engines/vllm/python")
 
 
-def test_the_next_part_is_named_from_the_folder_it_came_from(tmp_path):
+def test_the_next_part_is_named_from_the_folder_it_came_from(tmp_path, monkeypatch):
     """A pack carried from build/gpu-payload-vllm: the call says to carry that folder's next
     part, not build/gpu-payload's."""
     import json
     gs = _gpu_search()
+    # Not the checkout's own build/gpu-payload: in the main checkout it holds real packs,
+    # which stage() would copy (hundreds of MiB) before this test's part replaced them.
+    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
     work = gs.Work(tmp_path / "work")
     folder = tmp_path / "build" / "gpu-payload-vllm" / "part1"
     folder.mkdir(parents=True)
