@@ -32,9 +32,11 @@ gs = _load("gpu_search")
 pp = _load("pack_payload")
 
 
-def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys):
+def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys, monkeypatch):
     """Each chunk's sha256 is checked as its part is staged: the damaged one is dropped at
     once with one line naming the part to carry again, the good ones stay."""
+    # Only this test's parts, not a checkout's own build/gpu-payload (real packs, another pack).
+    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.whl").write_bytes(os.urandom(3000))
