@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -245,9 +246,31 @@ def engine_version(exp: Experiment) -> str:
 
 
 def model_facts(exp: Experiment) -> dict[str, Any]:
+    """The served models' name, size and a fingerprint of their bytes (target and draft):
+    models trained again on a GPU differ in their last bits (docs/gpu.md section 5), so two
+    sessions of one table may serve different weights under the same name and size."""
     path = Path(expand_path(exp.backend.model_path))
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return {"name": path.name, "bytes": sum(p.stat().st_size for p in files)}
+    paths = [path] + ([Path(expand_path(exp.backend.draft_model_path))]
+                      if exp.backend.draft_model_path else [])
+    h = hashlib.sha256()
+    size = 0
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for f in files:
+            h.update(f"{f.relative_to(root.parent)}\0".encode())
+            with open(f, "rb") as r:
+                for block in iter(lambda r=r: r.read(1 << 22), b""):
+                    h.update(block)
+            size += f.stat().st_size if root == path else 0
+    return {"name": path.name, "bytes": size, "sha256": h.hexdigest()[:16]}
+
+
+def other_models(sessions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The earlier sessions' model fingerprints unlike the last session's (those recorded
+    before fingerprints were taken count as unknown, not as different)."""
+    mine = sessions[-1]["model"].get("sha256")
+    return sorted({str(s["model"]["sha256"]) for s in sessions[:-1]
+                   if s.get("model", {}).get("sha256") not in (None, mine)})
 
 
 def machine_facts() -> dict[str, Any]:
@@ -332,6 +355,11 @@ def record(args: argparse.Namespace) -> int:
           f"{','.join(map(str, levels))}; {len(done)} boots already recorded, {len(todo)} to "
           f"go -> {out}", flush=True)
     print(f"  engine: {session['engine_version'] or '?'}; model {session['model']}", flush=True)
+    if others := other_models(meta["sessions"]):
+        print(f"record_landscape: WARNING: earlier sessions of this table served other weights "
+              f"({', '.join(others)}; now {session['model']['sha256']}): a point's repeats "
+              f"then hold two models' spread; carry one trained pair to every session "
+              f"(docs/gpu.md section 5)", file=sys.stderr, flush=True)
     stop_at = _stop_time(args.stop_at)
     run_dir = str(Path(args.run_dir or ROOT / "runs" / "landscapes" / meta["name"]))
     local = rundir.logs_dir(run_dir)

@@ -477,3 +477,22 @@ def test_an_eagle_landscape_records_and_replays(rec: ModuleType, land_mod: Modul
     assert land.key_of({STEPS: 2, TOPK: 2, DRAFT: 8}) is None
     boots = land_mod.run_search(land, "random", seed=0, budget=6)
     assert len(boots) == 6 and all(b in land.scores.values() for b in boots)
+
+
+def test_a_session_serving_other_weights_is_named(rec: ModuleType, tmp_path: Path) -> None:
+    # Models trained again on a GPU differ in their last bits under the same name and size.
+    from types import SimpleNamespace
+    target, draft = tmp_path / "m" / "target", tmp_path / "m" / "eagle3"
+    for d in (target, draft):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"\x01" * 1000)
+    backend = SimpleNamespace(model_path=str(target), draft_model_path=str(draft))
+    exp = SimpleNamespace(backend=backend)
+    first = rec.model_facts(exp)
+    assert first["name"] == "target" and first["bytes"] == 1000
+    (draft / "model.safetensors").write_bytes(b"\x01" * 999 + b"\x02")   # the head's last bit
+    second = rec.model_facts(exp)
+    assert second["bytes"] == 1000 and second["sha256"] != first["sha256"]
+    sessions = [{"model": {"name": "target"}}, {"model": first}, {"model": second}]
+    assert rec.other_models(sessions) == [first["sha256"]]      # the unknown one is not named
+    assert rec.other_models(sessions[:2]) == []
