@@ -45,8 +45,11 @@ check() {
     "$PY" -c 'import sglang.srt.server_args, compressed_tensors, gguf, torchvision.io' \
         >/dev/null 2>&1
 }
+# shellcheck source=scripts/install_stamp.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install_stamp.sh"
+state() { stamp_state "$PY" "$VENV"/lib/python3*/site-packages; }
 
-if [[ -f "$STAMP" ]] && check; then
+if [[ -x "$PY" ]] && stamp_reusable "$STAMP" "$(state)" check; then
     echo "$PY"
     exit 0
 fi
@@ -74,5 +77,5 @@ if ! check; then
 fi
 "$PY" -c 'import importlib.metadata as m; print("install_sglang_cpu: sglang", m.version("sglang"), "torch", m.version("torch"), "transformers", m.version("transformers"))' >&2
 echo "install_sglang_cpu: done in $(( SECONDS - t0 ))s" >&2
-touch "$STAMP"
+state > "$STAMP"
 echo "$PY"

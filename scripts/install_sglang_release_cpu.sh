@@ -42,8 +42,13 @@ check() {
 assert m.version("sglang") == "'"$RELEASE"'", m.version("sglang")' >/dev/null 2>&1
 }
 
+# shellcheck source=scripts/install_stamp.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install_stamp.sh"
+# The wrapper runs the base venv's python with this site first: both sites are the state.
+state() { stamp_state "$BASE_PY" "$SITE" "$CACHE"/sglang-venv/lib/python3*/site-packages; }
+
 [[ -x "$BASE_PY" ]] || { echo "install_sglang_release_cpu: no $BASE_PY: run scripts/install_sglang_cpu.sh first" >&2; exit 1; }
-if [[ -f "$STAMP" ]] && check; then
+if [[ -x "$WRAPPER" && -d "$SITE" ]] && stamp_reusable "$STAMP" "$(state)" check; then
     echo "$WRAPPER"
     exit 0
 fi
@@ -64,5 +69,5 @@ if ! check; then
     exit 1
 fi
 echo "install_sglang_release_cpu: sglang $RELEASE in $(( SECONDS - t0 ))s" >&2
-touch "$STAMP"
+state > "$STAMP"
 echo "$WRAPPER"

