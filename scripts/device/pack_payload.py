@@ -606,44 +606,38 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
                 room = part_bytes
             n = min(room, size - done)
             name = f.name if n == size else f"{f.name}.{len(chunks):03d}"
-            # Each chunk's own sha256: the machine checks a part as it is staged, so a part
-            # that came damaged is named at once, not when the file's last chunk arrives.
-            chunks.append({"part": len(parts), "file": name, "offset": done, "size": n,
-                           "sha256": range_sha256(f, done, n)})
-            parts[-1].append((f, done, n, name))
+            chunks.append({"part": len(parts), "file": name, "offset": done, "size": n})
+            parts[-1].append((f, chunks[-1]))
             done += n
             room -= n
         entries.append({"name": f.name, "size": size, "sha256": sha256(f), "chunks": chunks})
-    body = {"files": entries, "parts": len(parts), **extra}
-    body["pack_id"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
     dirs = []
     for i, items in enumerate(parts, 1):
         d = out / f"part{i}"
         d.mkdir(parents=True)
-        for src, off, n, name in items:
-            copy_range(src, off, n, d / name)
-        (d / "manifest.json").write_text(json.dumps(body | {"this_part": i}, indent=1))
+        for src, chunk in items:
+            # Each chunk's own sha256, taken as it is copied: the machine checks a part as it
+            # is staged, so a part that came damaged is named at once, not when the file's
+            # last chunk arrives.
+            chunk["sha256"] = copy_range(src, chunk["offset"], chunk["size"], d / chunk["file"])
         dirs.append(d)
+    # The manifest (the same in every part) holds the chunks' sha256s, so it is written last.
+    body = {"files": entries, "parts": len(parts), **extra}
+    body["pack_id"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+    for i, d in enumerate(dirs, 1):
+        (d / "manifest.json").write_text(json.dumps(body | {"this_part": i}, indent=1))
     return dirs
 
 
-def copy_range(src: Path, offset: int, size: int, dst: Path) -> None:
+def copy_range(src: Path, offset: int, size: int, dst: Path) -> str:
+    """Copy `size` bytes of `src` from `offset` into `dst`; the copied bytes' sha256."""
+    h = hashlib.sha256()
     with open(src, "rb") as a, open(dst, "wb") as b:
         a.seek(offset)
         left = size
         while left:
             block = a.read(min(left, 1 << 22))
             b.write(block)
-            left -= len(block)
-
-
-def range_sha256(path: Path, offset: int, size: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(offset)
-        left = size
-        while left:
-            block = f.read(min(left, 1 << 22))
             h.update(block)
             left -= len(block)
     return h.hexdigest()
