@@ -501,11 +501,15 @@ def models_state(work: Work) -> str:
     return "running" if state == "none" and models_awaited(work) else state
 
 
+def models_carried(work: Work) -> bool:
+    """--models was given (at this call or an earlier one) and no training was started in this
+    work dir: the models are the carried ones."""
+    return bool(work.read("models-carried.json")) and not (work.state / "models.pid").is_file()
+
+
 def models_awaited(work: Work) -> bool:
-    """--models was given (at this call or an earlier one), the carried archive is not
-    unpacked yet, and no training was started in this work dir."""
-    return bool(work.read("models-carried.json")) and not work.read("models-unpacked.json") \
-        and not (work.state / "models.pid").is_file()
+    """The models are carried and their archive is not unpacked yet."""
+    return models_carried(work) and not work.read("models-unpacked.json")
 
 
 def models_line(work: Work) -> str:
@@ -809,8 +813,7 @@ def eagle3_models(work: Work, plan: dict, manifest: dict) -> tuple[bool, str]:
     end = time.monotonic() + 1800
     while models_state(work) == "running" and time.monotonic() < end:
         time.sleep(2)
-    carried = bool(work.read("models-carried.json")) and not (
-        work.state / "models.pid").is_file()
+    carried = models_carried(work)
     how = "the carried models" if carried else "training"
     if models_state(work) == "running":
         return False, f"{how}: not there after 30 minutes ({models_line(work)})"
@@ -1359,10 +1362,7 @@ def call(args: argparse.Namespace, work: Work) -> int:
     manifest = stage(work, args.payload)
     stage_models(work, args.models)
     if manifest is None and work.read("models-carried.json"):
-        say(f"NEXT: call again with the same command, carrying "
-            f"{', '.join(parts_to_carry(work, None, args))} (one part a call; within 30 s, "
-            f"while this machine is warm)")
-        return CALL_AGAIN
+        return carry_next(parts_to_carry(work, None, args))
     if manifest is None:
         say("nothing staged and no part carried: pack here with "
             "`python3 scripts/device/pack_payload.py`, then carry build/gpu-payload/part1")
@@ -1373,10 +1373,7 @@ def call(args: argparse.Namespace, work: Work) -> int:
     plan = settle_plan(args, work, len(gpus))
     start_jobs(work, plan, manifest)
     if missing_parts(work, manifest):
-        say(f"NEXT: call again with the same command, carrying "
-            f"{', '.join(parts_to_carry(work, manifest, args))} (one part a call; within 30 s, "
-            f"while this machine is warm)")
-        return CALL_AGAIN
+        return carry_next(parts_to_carry(work, manifest, args))
     if not work.read("installed.json") and not install(work, manifest):
         return 1
     return run_pipeline(args, work, plan)
@@ -1421,6 +1418,13 @@ def start_jobs(work: Work, plan: dict, manifest: dict) -> None:
         start_models(work, plan, manifest)
     elif plan.get("make_models"):
         say(f"models: {models_line(work)}")
+
+
+def carry_next(parts: list[str]) -> int:
+    """Say which parts the next calls carry; CALL_AGAIN."""
+    say(f"NEXT: call again with the same command, carrying {', '.join(parts)} (one part a "
+        f"call; within 30 s, while this machine is warm)")
+    return CALL_AGAIN
 
 
 def parts_to_carry(work: Work, manifest: dict | None, args: argparse.Namespace) -> list[str]:
