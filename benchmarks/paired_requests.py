@@ -28,16 +28,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from specdecode_tune.load.rounds import ratio
+
 DEFAULT = Path(__file__).resolve().parent / "data" / "recording" / \
     "sglang-gpu-h100-requests-c1.parquet"
 
 
 def rel_half(num: np.ndarray, den: np.ndarray) -> float:
-    """The 95% relative half-width of sum(num) / sum(den) over K pairs (delta method)."""
-    k = len(num)
-    r = num.sum() / den.sum()
-    resid = num - r * den
-    return float(1.96 * np.sqrt(resid.var(ddof=1) * k) / den.sum() / r)
+    """The 95% relative half-width of sum(num) / sum(den) over K pairs: the interval the
+    level's stop rule computes (`load.rounds.ratio`, the delta method)."""
+    r = ratio(num.tolist(), den.tolist())
+    assert r is not None and r.rel_half is not None
+    return r.rel_half
 
 
 def load(path: Path) -> dict[str, dict[str, np.ndarray]]:

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from specdecode_tune.load.rounds import START_ROUNDS, Batch, known
+from specdecode_tune.load.scheduler import warmup_rounds
 
 DEFAULT = Path(__file__).resolve().parent / "data" / "recording" / \
     "sglang-gpu-h100-rounds.parquet"
@@ -48,7 +49,8 @@ def levels(path: Path) -> dict[tuple[str, int], list[Batch]]:
 
 
 def first_rounds(bs: list[Batch], warmup_s: float) -> int:
-    return sum(1 for b in bs if b.end <= warmup_s)
+    """The rounds `warmup_s` leaves out, as the live rule counts them (the level starts at 0)."""
+    return warmup_rounds([b.end for b in bs], 0.0, warmup_s)
 
 
 # The rule as the H100 run measured: MSER's cut searched over the whole level.
