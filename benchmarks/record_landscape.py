@@ -18,6 +18,13 @@ point, repeat and level) is what `benchmarks/landscapes.py` replays in
   recording does not line up with an axis.
 - Resumable: rows already in `--out` (same point and repeat) are not booted again; the table is
   rewritten (atomically) after every boot. `--stop-at HH:MM` (UTC) starts no boot after then.
+- `--contenders F`: the first repeat boots the whole grid; a later one boots the baseline and
+  only the points whose score so far (the experiment's objective on their repeats' mean tok/s,
+  as `landscapes.py` scores them) is within F of the best point's (0.05: at least 95% of it).
+  Enough of the grid to name the optimum firmly when a boot costs minutes: the points far below
+  it keep one repeat, and the replay, which draws from the repeats a point has, takes them as
+  they are. Decided before each boot on the table as it stands, so a point recorded earlier in
+  the same session counts.
 - The file's metadata (key `landscape`, JSON) holds the experiment as recorded (its TOML with
   the measure overrides), the axes, the engine's version, the model, the machine, the command of
   each session and the wall time each took.
@@ -47,6 +54,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from landscapes import score
 
 from specdecode_tune.backends import get_backend, preflight
 from specdecode_tune.backends.speccounters import exactly_from_length
@@ -223,6 +231,49 @@ def done_keys(rows: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
     return {(r["point"], int(r["repeat"])) for r in rows}
 
 
+def contender_scores(rows: Sequence[Mapping[str, Any]], weights: Mapping[int, float]
+                     ) -> dict[str, float] | None:
+    """Each point's score (point id -> the objective on its measured repeats' mean tok/s per
+    level against the baseline's), for the points measured at every weighted level; None where
+    no baseline is measured yet (nothing can be scored)."""
+    sums: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r.get("output_tok_s"):
+            sums.setdefault((r["point"], int(r["concurrency"])), []).append(
+                float(r["output_tok_s"]))
+    means = {k: sum(v) / len(v) for k, v in sums.items()}
+    base_id = point_id({STEPS: 0})
+    used = [c for c, w in weights.items() if w > 0]
+    if not all((base_id, c) in means for c in used):
+        return None
+    base = {c: means[(base_id, c)] for c in used}
+    out = {}
+    for pid in {p for p, _ in means} - {base_id}:
+        if all((pid, c) in means for c in used):
+            out[pid] = score({c: means[(pid, c)] for c in used}, base,
+                             {c: weights[c] for c in used})
+    return out
+
+
+def not_a_contender(point: Mapping[str, Any], repeat: int, rows: Sequence[Mapping[str, Any]],
+                    weights: Mapping[int, float], within: float | None) -> str:
+    """Why `--contenders` leaves this boot out ('' where it is booted): the first repeat and
+    the baseline always are; a later repeat of a point only within `within` of the best."""
+    if within is None or repeat == 0 or int(point.get(STEPS, 0)) == 0:
+        return ""
+    scores = contender_scores(rows, weights)
+    if not scores:
+        return ""
+    mine = scores.get(point_id(point))
+    if mine is None:
+        return "no repeat of it measured every level"
+    best = max(scores.values())
+    if mine < best + math.log1p(-within):
+        return (f"{math.exp(mine - best):.1%} of the best point's score, under "
+                f"{1 - within:.0%} (--contenders {within:g})")
+    return ""
+
+
 # ---------------------------------------------------------------------------- what was booted
 
 
@@ -366,10 +417,20 @@ def record(args: argparse.Namespace) -> int:
     backend = get_backend(exp.backend.kind)
     stopped = ""
     tried = 0
+    passed: list[str] = []
+    weights = exp.level_weights()
+    if args.contenders is not None:
+        meta["contenders"] = args.contenders
+        session["contenders"] = args.contenders
     for i, (point, repeat) in enumerate(todo, start=1):
         if stop_at is not None and time.time() >= stop_at:
             stopped = f"--stop-at {args.stop_at} reached"
             break
+        if why := not_a_contender(point, repeat, rows, weights, args.contenders):
+            passed.append(f"r{repeat} {point_id(point)}")
+            print(f"  [{i}/{len(todo)}] r{repeat} {point_id(point)} not booted: {why}",
+                  flush=True)
+            continue
         params = resolve(point, exp.backend.flags)
         launch = backend.launch_command(exp.backend, params)
         trial_id = f"land-r{repeat}-" + "-".join(
@@ -392,6 +453,8 @@ def record(args: argparse.Namespace) -> int:
     session["ended_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if stopped:
         session["stopped"] = stopped
+    if passed:
+        session["not_contenders"] = passed
     ratio, pairs = drift(rows[:n_before], rows[n_before:])
     if ratio is not None:
         session["drift"] = {"ratio": round(ratio, 4), "pairs": pairs}
@@ -402,7 +465,7 @@ def record(args: argparse.Namespace) -> int:
                   f"which session booted them; record into another --out, or drop one "
                   f"session's rows", file=sys.stderr, flush=True)
     write_table(out, rows, sch, meta)
-    left = len(todo) - tried
+    left = len(todo) - tried - len(passed)
     print(f"record_landscape: {session['boots']} boots in {session['wall_s']:.0f}s; "
           f"{len(done_keys(rows))} recorded in all" + (f"; {left} left ({stopped})" if left
                                                        else ""), flush=True)
@@ -465,11 +528,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "runs/landscapes/<name>)")
     ap.add_argument("--stop-at", default=None, metavar="HH:MM",
                     help="UTC time after which no boot starts")
+    ap.add_argument("--contenders", type=float, default=None, metavar="F",
+                    help="after the first repeat, boot only the baseline and the points "
+                         "within F of the best score so far (e.g. 0.05)")
     given = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(given)
     args.argv = given
     if args.repeats < 1:
         print("error: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if args.contenders is not None and not 0 < args.contenders < 1:
+        print(f"error: --contenders {args.contenders:g}: a fraction of the best score, "
+              f"between 0 and 1 (e.g. 0.05)", file=sys.stderr)
         return 2
     # A recording runs for long in the background (where SIGINT is ignored): SIGTERM and SIGINT
     # leave through the trial's teardown (the server is stopped), keeping every boot written.

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -68,7 +69,8 @@ def result_for(point: dict[str, Any], repeat: int) -> TrialResult:
 
 
 def write_recording(rec: ModuleType, path: Path, monkeypatch: pytest.MonkeyPatch,
-                    stop_after: int | None = None) -> list[tuple[str, int]]:
+                    stop_after: int | None = None, extra: Sequence[str] = ()
+                    ) -> list[tuple[str, int]]:
     """Run the recorder with the trial replaced by the table above; returns the boots it made
     (point id, repeat). `stop_after` boots, it is interrupted (KeyboardInterrupt)."""
     booted: list[tuple[str, int]] = []
@@ -84,7 +86,7 @@ def write_recording(rec: ModuleType, path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
     argv = ["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis", f"{NGRAM}=1,2",
             "--repeats", "3", "--duration-s", "3", "--out", str(path),
-            "--run-dir", str(path.parent / "runs")]
+            "--run-dir", str(path.parent / "runs"), *extra]
     if stop_after is None:
         assert rec.main(argv) == 0
     else:
@@ -496,3 +498,42 @@ def test_a_session_serving_other_weights_is_named(rec: ModuleType, tmp_path: Pat
     sessions = [{"model": {"name": "target"}}, {"model": first}, {"model": second}]
     assert rec.other_models(sessions) == [first["sha256"]]      # the unknown one is not named
     assert rec.other_models(sessions[:2]) == []
+
+
+def test_contenders_repeat_only_the_points_near_the_best(
+        rec: ModuleType, land_mod: ModuleType, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "contenders.parquet"
+    booted = write_recording(rec, path, monkeypatch, extra=["--contenders", "0.10"])
+    first = [b for b in booted if b[1] == 0]
+    assert len(first) == 7                      # the first repeat: the whole grid
+    # Later repeats: the baseline and the two points within 10% of the best first repeat
+    # ((2, 1) 158 and (1, 2) 150 of 158); (3, 1) at 140 is 87-89% as the best's mean moves,
+    # the refused one has no score
+    later = {(json.loads(pid)[STEPS], json.loads(pid).get(NGRAM), r) for pid, r in booted
+             if r > 0}
+    assert later == {(0, None, 1), (1, 2, 1), (2, 1, 1), (0, None, 2), (1, 2, 2), (2, 1, 2)}
+    out = capsys.readouterr().out
+    assert re.search(r"not booted: 8\d\.\d% of the best point's score, under 90% "
+                     r"\(--contenders 0.1\)", out)
+    assert "not booted: no repeat of it measured every level" in out
+    meta = json.loads(pq.read_table(path).schema.metadata[b"landscape"])
+    assert meta["contenders"] == 0.10 and len(meta["sessions"][0]["not_contenders"]) == 8
+    # The replay takes each point's repeats as they are: one below, three near the best
+    land = land_mod.load_landscape(path)
+    assert len(land.points[(1, 1)]) == 1 and len(land.points[(1, 2)]) == 3
+    assert land.optimum == (1, 2) and land.base_mean[1] == pytest.approx(100.0)
+    assert land.scores[(1, 1)] == pytest.approx(math.log(110 / 100))
+    # Run again: the same points are passed over, nothing is booted twice
+    assert write_recording(rec, path, monkeypatch, extra=["--contenders", "0.10"]) == []
+
+
+def test_contenders_take_a_fraction(rec: ModuleType, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-1",
+                     "--contenders", "5", "--out", str(tmp_path / "t.parquet")]) == 2
+    assert "--contenders 5: a fraction of the best score, between 0 and 1" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "t.parquet").exists()
