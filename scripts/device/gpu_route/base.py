@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -85,6 +86,13 @@ def gpus_here() -> list[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def copy_sources(dest: Path) -> None:
+    """Copy the repository's sources (not its .git, builds, runs or caches) to dest, a folder
+    a background job runs from while later calls re-send the repository."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
+        ".git", "build", "runs", "__pycache__", "*.egg-info", ".whl", ".gl", ".dev*"))
 
 
 def job_state(work: Work, name: str) -> str:

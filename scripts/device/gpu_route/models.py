@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 from . import base, staging
-from .base import EAGLE3_MODELS, MODELS_REPORT, REPO, Work, say
+from .base import EAGLE3_MODELS, MODELS_REPORT, Work, say
 from .staging import MODELS
 
 # --models-back: the archive of the trained models, cut into chunks that come back in $OUT with
@@ -148,8 +148,7 @@ def start_models(work: Work, plan: dict, manifest: dict) -> bool:
     # Its own copy of the sources: the snapshot is laid anew by later calls while it trains.
     src = work.root / "models-src"
     shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", "build", "runs", "__pycache__", "*.egg-info", ".whl", ".gl", ".dev*"))
+    base.copy_sources(src)
     log = open(work.results / "models.log", "ab")  # noqa: SIM115 - the detached run writes it
     cmd = ('"$0" -m specdecode_tune.testing.eagle3 --out "$1" --preset gpu --seed 0; rc=$?; '
            'echo $rc > "$2.tmp"; mv "$2.tmp" "$2"')

@@ -141,8 +141,7 @@ def snapshot(work: Work) -> None:
     """Copy the sources the pipeline runs from: later calls re-send the repository, and a
     running search must not import a mix of two versions."""
     shutil.rmtree(work.src)
-    shutil.copytree(REPO, work.src, ignore=shutil.ignore_patterns(
-        ".git", "build", "runs", "__pycache__", "*.egg-info", ".whl", ".gl", ".dev*"))
+    base.copy_sources(work.src)
 
 
 def validate(plan: dict, work: Work) -> None:
