@@ -39,9 +39,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import pack_payload  # noqa: E402 - the sibling script, whose format and chunking the parts use
 
-MANIFEST = "eagle3-models.json"       # gpu_search.MODELS_BACK
-KIND = "eagle3-models"                # gpu_search.MODELS_KIND: the parts' manifest kind
-FOLDER = "eagle3-models"              # the archive's top folder (gpu_search.EAGLE3_MODELS)
+MANIFEST = "eagle3-models.json"       # gpu_route/models.py's MODELS_BACK
+KIND = "eagle3-models"                # gpu_route/staging.py's MODELS_KIND: the parts' kind
+FOLDER = "eagle3-models"              # the archive's top folder (gpu_route/base.py's EAGLE3_MODELS)
 NEEDED = ("target/config.json", "target/model.safetensors", "eagle3/config.json",
           "eagle3/model.safetensors", "acceptance.json")
 

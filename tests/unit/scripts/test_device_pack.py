@@ -382,7 +382,7 @@ def test_install_engine_own_site_wrapper_and_check(tmp_path, monkeypatch):
     work, engine = engine_pack(tmp_path, ("fakedep>=2", "packaging", "heavy-kernels==1"))
     python = fake_python(tmp_path)
     monkeypatch.setenv("PYTHONPATH", "/the/project/site")
-    facts = gs.install_engine(work, engine, python=str(python))
+    facts = gs.install.install_engine(work, engine, python=str(python))
     assert facts is not None
     site = work.root / "engines" / "fakeengine" / "site"
     wrapper = work.root / "engines" / "fakeengine" / "python"
@@ -408,7 +408,7 @@ def test_install_engine_own_site_wrapper_and_check(tmp_path, monkeypatch):
 
 def test_install_engine_names_missing_and_conflicting_requirements(tmp_path):
     work, engine = engine_pack(tmp_path, ("fakedep>=3", "not-there-at-all>=1"))
-    facts = gs.install_engine(work, engine, python=str(fake_python(tmp_path)))
+    facts = gs.install.install_engine(work, engine, python=str(fake_python(tmp_path)))
     assert facts is not None
     assert facts["problems"] == [
         "conflict: fakedep 2.0 is there, fakeengine needs fakedep>=3",
@@ -418,7 +418,7 @@ def test_install_engine_names_missing_and_conflicting_requirements(tmp_path):
 def test_install_engine_fails_when_pip_does(tmp_path):
     work, engine = engine_pack(tmp_path, ())
     engine["wheels"].append("absent-1.0-py3-none-any.whl")
-    assert gs.install_engine(work, engine, python=str(fake_python(tmp_path))) is None
+    assert gs.install.install_engine(work, engine, python=str(fake_python(tmp_path))) is None
 
 
 def test_project_wheels_leave_the_engines_out(tmp_path):
@@ -427,6 +427,6 @@ def test_project_wheels_leave_the_engines_out(tmp_path):
                                                  "llama-src.tgz")],
                 "wheels": ["a-1-py3-none-any.whl"],
                 "engine": {"name": "e", "wheels": ["e-1-py3-none-any.whl"]}}
-    assert gs.wheels(work, manifest) == [work.payload / "a-1-py3-none-any.whl"]
+    assert gs.install.wheels(work, manifest) == [work.payload / "a-1-py3-none-any.whl"]
     del manifest["wheels"]                 # a pack from before the engine route: every wheel
-    assert len(gs.wheels(work, manifest)) == 2
+    assert len(gs.install.wheels(work, manifest)) == 2

@@ -36,7 +36,7 @@ def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys, monk
     """Each chunk's sha256 is checked as its part is staged: the damaged one is dropped at
     once with one line naming the part to carry again, the good ones stay."""
     # Only this test's parts, not a checkout's own build/gpu-payload (real packs, another pack).
-    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
+    monkeypatch.setattr(gs.staging, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.whl").write_bytes(os.urandom(3000))
@@ -45,14 +45,14 @@ def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys, monk
     manifest = json.loads((parts[0] / "manifest.json").read_text())
     assert all("sha256" in c for e in manifest["files"] for c in e["chunks"])
     work = gs.Work(tmp_path / "work")
-    gs.stage(work, [str(parts[0])])
+    gs.staging.stage(work, [str(parts[0])])
     damaged = parts[1] / "a.whl.001"
     damaged.write_bytes(b"x" + damaged.read_bytes()[1:])
-    staged = gs.stage(work, [str(parts[1])])
+    staged = gs.staging.stage(work, [str(parts[1])])
     out = capsys.readouterr().out
     assert "payload part 2: a.whl.001: sha256 differs from the manifest; dropped: carry " \
            f"{parts[1].parent}/part2 again" in out
-    assert gs.missing_parts(work, staged) == [2]
+    assert gs.staging.missing_parts(work, staged) == [2]
     assert not (work.payload / "a.whl").exists()
     assert (work.payload / "b.whl").read_bytes() == (src / "b.whl").read_bytes()
 
@@ -67,11 +67,11 @@ def _machine(tmp_path, monkeypatch, name="work", pipeline="ok"):
     """A work dir as the route leaves it once the payload is installed; the pipeline ended
     ("ok") or running ("running": this test's own pid stands for it)."""
     # Never the real build/gpu-payload (in the main checkout it holds the packs).
-    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
-    monkeypatch.setattr(gs, "gpus_here", lambda: [GPU])
-    monkeypatch.setattr(gs, "snapshot", lambda work: None)
-    monkeypatch.setattr(gs, "validate", lambda plan, work: Path(plan["run_experiment"]).parent
-                        .mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(gs.staging, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
+    monkeypatch.setattr(gs.base, "gpus_here", lambda: [GPU])
+    monkeypatch.setattr(gs.planning, "snapshot", lambda work: None)
+    monkeypatch.setattr(gs.planning, "validate", lambda plan, work: Path(
+        plan["run_experiment"]).parent.mkdir(parents=True, exist_ok=True))
     work = gs.Work(tmp_path / name)
     work.write("manifest.json", {"pack_id": "p1", "parts": 1, "files": []})
     work.write("installed.json", {"at": 0, "pack_id": "p1", "problems": []})
@@ -111,9 +111,9 @@ def _call(work, out: Path, *extra: str) -> int:
 
 def _small_limits(monkeypatch):
     """Chunks of 1 MiB, 2.5 MiB a call: the 4.2 MB pair needs several calls."""
-    monkeypatch.setattr(gs, "MODELS_CHUNK", 1 << 20)
-    monkeypatch.setattr(gs, "MAX_OUT_FILE", 1 << 20)
-    monkeypatch.setattr(gs, "MAX_OUT_TOTAL", (5 << 20) // 2)
+    monkeypatch.setattr(gs.models, "MODELS_CHUNK", 1 << 20)
+    monkeypatch.setattr(gs.results, "MAX_OUT_FILE", 1 << 20)
+    monkeypatch.setattr(gs.results, "MAX_OUT_TOTAL", (5 << 20) // 2)
 
 
 def _bring_back(tmp_path, monkeypatch, capsys) -> list[Path]:
@@ -142,13 +142,14 @@ def test_the_models_come_back_in_chunks_within_each_calls_limits(tmp_path, monke
     chunks = []
     for out in outs:
         files = sorted(out.iterdir())
-        assert len(files) <= gs.MAX_OUT_FILES
-        assert all(f.stat().st_size <= gs.MAX_OUT_FILE for f in files)
-        assert sum(gs.blocks(f.stat().st_size) for f in files) <= gs.MAX_OUT_TOTAL
+        assert len(files) <= gs.results.MAX_OUT_FILES
+        assert all(f.stat().st_size <= gs.results.MAX_OUT_FILE for f in files)
+        assert sum(gs.results.blocks(f.stat().st_size) for f in files) \
+            <= gs.results.MAX_OUT_TOTAL
         # status.txt always; the manifest with every chunk.
-        assert {"status.txt", gs.MODELS_BACK} <= {f.name for f in files}
-        chunks += [f.name for f in files if f.name.startswith(gs.MODELS_ARCHIVE + ".")]
-    manifest = json.loads((outs[0] / gs.MODELS_BACK).read_text())
+        assert {"status.txt", gs.models.MODELS_BACK} <= {f.name for f in files}
+        chunks += [f.name for f in files if f.name.startswith(gs.models.MODELS_ARCHIVE + ".")]
+    manifest = json.loads((outs[0] / gs.models.MODELS_BACK).read_text())
     assert sorted(chunks) == [c["file"] for c in manifest["chunks"]]      # each once
     assert manifest["compression"] == "none" and manifest["size"] > sum(SIZES.values())
     models = manifest["models"]
@@ -177,9 +178,9 @@ def test_models_back_waits_for_the_training_and_leaves_a_running_pipeline_alone(
     # 2 chunks of 1 MiB fill the call but for the short last one, and the small results.
     assert rc == gs.CALL_AGAIN and "(--models-back: chunks 3-4 next)" in said
     got = sorted(f.name for f in (tmp_path / "o2").iterdir())
-    assert got == sorted(["status.txt", gs.MODELS_BACK, "results.tar.gz", "search.log",
-                          *(f"{gs.MODELS_ARCHIVE}.{i:03d}" for i in (1, 2, 5))])
-    assert gs.pipeline_state(work) == "running"
+    assert got == sorted(["status.txt", gs.models.MODELS_BACK, "results.tar.gz", "search.log",
+                          *(f"{gs.models.MODELS_ARCHIVE}.{i:03d}" for i in (1, 2, 5))])
+    assert gs.base.pipeline_state(work) == "running"
 
 
 def test_a_chunk_whose_call_was_lost_comes_back_again_by_its_number(tmp_path, monkeypatch,
@@ -188,15 +189,15 @@ def test_a_chunk_whose_call_was_lost_comes_back_again_by_its_number(tmp_path, mo
     work = gs.Work(tmp_path / "work")
     assert _call(work, tmp_path / "again", "--models-back", "2,4") == 0
     assert sorted(f.name for f in (tmp_path / "again").iterdir() if ".tar." in f.name) == [
-        f"{gs.MODELS_ARCHIVE}.002", f"{gs.MODELS_ARCHIVE}.004"]
+        f"{gs.models.MODELS_ARCHIVE}.002", f"{gs.models.MODELS_ARCHIVE}.004"]
 
 
 def test_the_real_limits_bring_four_chunks_a_call():
     """4 chunks of MODELS_CHUNK beside status.txt and the manifest: the ~101 MiB pair comes
     back in 2 calls."""
-    assert gs.MODELS_CHUNK <= gs.MAX_OUT_FILE
-    assert 4 * gs.MODELS_CHUNK + 2 * (64 << 10) <= gs.MAX_OUT_TOTAL
-    assert 5 * gs.MODELS_CHUNK > gs.MAX_OUT_TOTAL
+    assert gs.models.MODELS_CHUNK <= gs.results.MAX_OUT_FILE
+    assert 4 * gs.models.MODELS_CHUNK + 2 * (64 << 10) <= gs.results.MAX_OUT_TOTAL
+    assert 5 * gs.models.MODELS_CHUNK > gs.results.MAX_OUT_TOTAL
 
 
 # --- here: join the chunks, cut the parts -------------------------------------------------
@@ -227,14 +228,14 @@ def test_the_chunks_join_here_into_parts_a_later_session_carries(tmp_path, monke
         assert sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") \
             <= 2 << 20
     # The archive kept here is the one the machine made.
-    back = json.loads((tmp_path / "device" / "1" / gs.MODELS_BACK).read_text())
+    back = json.loads((tmp_path / "device" / "1" / gs.models.MODELS_BACK).read_text())
     assert manifest["archive_sha256"] == back["sha256"] == manifest["files"][0]["sha256"]
-    assert pp.sha256(build / "cache" / gs.MODELS_ARCHIVE) == back["sha256"]
+    assert pp.sha256(build / "cache" / gs.models.MODELS_ARCHIVE) == back["sha256"]
 
 
 def test_a_damaged_or_missing_chunk_is_refused_with_its_number(tmp_path, monkeypatch, capsys):
     outs = _bring_back(tmp_path, monkeypatch, capsys)
-    chunk = next(outs[0].glob(f"{gs.MODELS_ARCHIVE}.002"))
+    chunk = next(outs[0].glob(f"{gs.models.MODELS_ARCHIVE}.002"))
     chunk.write_bytes(chunk.read_bytes()[:-1] + b"\0")
     build = tmp_path / "build" / "eagle3-models"
     assert mb.main([*map(str, outs), "--out", str(build), "--part-mib", "2"]) == 1
@@ -272,9 +273,9 @@ def _later(tmp_path, monkeypatch, capsys, payload_done=True):
                                          "name": "x.whl", "size": 1, "sha256": "0", "chunks": [
                                              {"part": 2, "file": "x.whl", "offset": 0,
                                               "size": 1}]}]})
-    monkeypatch.setattr(gs, "start_models", _no_training)
-    monkeypatch.setattr(gs, "start_pipeline", lambda w, plan: w.write("pipeline.pid",
-                                                                       os.getpid()))
+    monkeypatch.setattr(gs.models, "start_models", _no_training)
+    monkeypatch.setattr(gs.pipeline, "start_pipeline",
+                        lambda w, plan: w.write("pipeline.pid", os.getpid()))
     return build, work
 
 
@@ -304,7 +305,7 @@ def test_the_parts_are_staged_across_calls_then_unpacked_and_nothing_trains(
     assert "models: carried (trained " in said[2] and "on NVIDIA H100 80GB HBM3, accept " \
         "length 3.77), not trained; unpacked into" in said[2]
     assert "carrying build/gpu-payload/part2 (one part" in said[2]
-    assert gs.models_state(work) == "ok"
+    assert gs.models.models_state(work) == "ok"
     trained = tmp_path / "work" / "cache" / "eagle3-models"
     got = work.cache / "eagle3-models"
     for f in trained.rglob("*"):
@@ -325,7 +326,7 @@ def test_a_pipeline_started_before_the_models_came_names_their_part_at_once(
     assert rc == gs.CALL_AGAIN and time.monotonic() - t < 20
     assert "NEXT: the pipeline's model step waits for the carried models: call again with " \
            f"the same command, carrying {carry}/part2, {carry}/part3 (one part" in said
-    assert gs.models_state(work) == "running"
+    assert gs.models.models_state(work) == "running"
     # A damaged part 2 is dropped with one line; carried again whole, it is staged.
     _carry(build, carry, 2)
     chunk = next(f for f in (carry / "part2").iterdir() if f.name != "manifest.json")
@@ -350,29 +351,29 @@ def test_the_model_step_waits_for_the_carried_models_and_trains_nothing(
     (as for a training) and goes on with the carried pair, its note says where they came
     from, and nothing is trained."""
     build, work = _later(tmp_path, monkeypatch, capsys)
-    monkeypatch.setattr(gs, "WHO", ["gpu_search"])
+    monkeypatch.setattr(gs.base, "WHO", ["gpu_search"])
     carry = tmp_path / "carry" / "eagle3-models"
     _carry(build, carry, 1, 2)
-    gs.stage_models(work, str(carry))
+    gs.models.stage_models(work, str(carry))
     args = argparse.Namespace(experiment="experiments/sglang-gpu.toml", gpus_per_trial=None,
                               max_concurrent=None, max_trials=None, no_check=True,
                               record=False, record_onto=None, readings=None, search_args=[])
-    plan = gs.make_plan(args, work, 1)
+    plan = gs.planning.make_plan(args, work, 1)
     plan["search_argv"] = [sys.executable, "-c", "pass"]
     work.write("plan.json", plan)
-    assert gs.models_state(work) == "running"
+    assert gs.models.models_state(work) == "running"
 
     def last_part_comes():
         _carry(build, carry, 3)
-        gs.stage_models(work, None)
+        gs.models.stage_models(work, None)
 
     threading.Timer(1.0, last_part_comes).start()
-    assert gs.pipeline(work) == 0
+    assert gs.pipeline.pipeline(work) == 0
     steps = work.read("steps.json")
     assert steps["model"]["ok"] and steps["model"]["wall_s"] >= 1.0
     assert steps["model"]["note"].startswith("carried (trained ")
     assert steps["model"]["note"].endswith("on NVIDIA H100 80GB HBM3, accept length 3.77), "
                                            "not trained")
-    assert json.loads((work.results / gs.MODELS_REPORT).read_text())["greedy"][
+    assert json.loads((work.results / gs.base.MODELS_REPORT).read_text())["greedy"][
         "mean_accept_length"] == 3.77
-    assert "models: carried (trained" in gs.status_text(work, plan)
+    assert "models: carried (trained" in gs.results.status_text(work, plan)

@@ -31,8 +31,8 @@ def _args(**kw) -> argparse.Namespace:
 def test_sglang_plan_runs_servers_through_the_engine_site_and_trains_the_models(tmp_path):
     gs = _gpu_search()
     work = gs.Work(tmp_path / "work")
-    plan = gs.make_plan(_args(readings="--set speculative_num_steps=3 --concurrency 8"),
-                        work, 1)
+    plan = gs.planning.make_plan(
+        _args(readings="--set speculative_num_steps=3 --concurrency 8"), work, 1)
     ran = tomllib.loads(plan["run_experiment_text"])
     assert ran["backend"]["python"] == str(work.root / "engines" / "sglang" / "python")
     assert plan["engine"] == "sglang"
@@ -50,12 +50,12 @@ def test_vllm_plan_runs_servers_through_its_own_site_on_the_same_models(tmp_path
     and the same EAGLE-3 pair, trained by the route, as sglang-gpu."""
     gs = _gpu_search()
     work = gs.Work(tmp_path / "work")
-    plan = gs.make_plan(_args(experiment="experiments/vllm-gpu.toml"), work, 1)
+    plan = gs.planning.make_plan(_args(experiment="experiments/vllm-gpu.toml"), work, 1)
     ran = tomllib.loads(plan["run_experiment_text"])
     assert ran["backend"]["python"] == str(work.root / "engines" / "vllm" / "python")
     assert "binary" not in ran["backend"]
     assert plan["engine"] == "vllm" and plan["make_models"] is True
-    sglang = gs.make_plan(_args(), gs.Work(tmp_path / "work2"), 1)
+    sglang = gs.planning.make_plan(_args(), gs.Work(tmp_path / "work2"), 1)
     assert (Path(plan["model"]).relative_to(work.cache),
             Path(plan["draft"]).relative_to(work.cache)) == (
         Path(sglang["model"]).relative_to(tmp_path / "work2" / "cache"),
@@ -74,7 +74,7 @@ def test_the_next_part_is_named_from_the_folder_it_came_from(tmp_path, monkeypat
     gs = _gpu_search()
     # Not the checkout's own build/gpu-payload: in the main checkout it holds real packs,
     # which stage() would copy (hundreds of MiB) before this test's part replaced them.
-    monkeypatch.setattr(gs, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
+    monkeypatch.setattr(gs.staging, "PAYLOAD_DIRS", ("build/no-payload-in-tests",))
     work = gs.Work(tmp_path / "work")
     folder = tmp_path / "build" / "gpu-payload-vllm" / "part1"
     folder.mkdir(parents=True)
@@ -84,16 +84,16 @@ def test_the_next_part_is_named_from_the_folder_it_came_from(tmp_path, monkeypat
          "chunks": [{"part": 1, "file": "a.whl.000", "offset": 0, "size": 1},
                     {"part": 2, "file": "a.whl.001", "offset": 1, "size": 1}]}]}
     (folder / "manifest.json").write_text(json.dumps(manifest | {"this_part": 1}))
-    staged = gs.stage(work, [str(folder.parent)])
+    staged = gs.staging.stage(work, [str(folder.parent)])
     assert staged["carried_from"] == str(folder.parent)
-    assert gs.missing_parts(work, staged) == [2]
+    assert gs.staging.missing_parts(work, staged) == [2]
 
 
 def test_other_experiments_get_no_engine_and_no_models(tmp_path):
     gs = _gpu_search()
     work = gs.Work(tmp_path / "work")
-    plan = gs.make_plan(_args(experiment="experiments/llamacpp-gpu.toml", gpus_per_trial=1),
-                        work, 1)
+    plan = gs.planning.make_plan(
+        _args(experiment="experiments/llamacpp-gpu.toml", gpus_per_trial=1), work, 1)
     assert plan["engine"] is None and plan["make_models"] is False
     assert plan["readings"] is None
     assert "python" not in tomllib.loads(plan["run_experiment_text"])["backend"]
@@ -101,7 +101,7 @@ def test_other_experiments_get_no_engine_and_no_models(tmp_path):
 
 def test_set_key_writes_strings_as_toml_strings():
     gs = _gpu_search()
-    text = gs.set_key('[backend]\nkind = "sglang"\n', "backend", "python", '/a "b"/python')
+    text = gs.planning.set_key('[backend]\nkind = "sglang"\n', "backend", "python", '/a "b"/python')
     assert tomllib.loads(text)["backend"]["python"] == '/a "b"/python'
 
 
@@ -112,9 +112,10 @@ def test_a_recording_continues_the_table_an_earlier_session_brought_back(tmp_pat
     gs = _gpu_search()
     work = gs.Work(tmp_path / "work")
     table = "benchmarks/data/llamacpp-cpu-ngram.parquet"
-    plan = gs.make_plan(_args(record=True, record_onto=table,
-                              search_args=["--axis", "speculative_num_steps=0-2"]), work, 1)
-    out = work.results / gs.LANDSCAPE
+    plan = gs.planning.make_plan(_args(record=True, record_onto=table,
+                                       search_args=["--axis", "speculative_num_steps=0-2"]),
+                                 work, 1)
+    out = work.results / gs.base.LANDSCAPE
     assert out.read_bytes() == (REPO / table).read_bytes()
     argv = plan["search_argv"]
     assert argv[1] == "benchmarks/record_landscape.py" and argv[argv.index("--out") + 1] == str(out)
