@@ -3,26 +3,17 @@ the trials table's rows, no search run; the real search is tests/integration's).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "readme_search.py"
+from tests.conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def rs() -> ModuleType:
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("readme_search", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["readme_search"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("readme_search")
 
 
 def row(tid: str, start: float | None, end: float | None) -> dict:
