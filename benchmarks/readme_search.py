@@ -20,12 +20,16 @@ Per run it reads the run dir back (`report.data.read_run`, what the report reads
 
 Per run it also prints the measurement seconds the search spent (`LevelSummary.level_s` summed
 over every boot's levels, warm-ups included; boots and the pauses between levels not), beside
-its boots. `--windows fixed,rule` runs each seed under both ways of measuring a level: `rule`,
-the experiment as it is (measure.precision: windows that end when the level is known), and
-`fixed`, the same experiment with the fixed windows it had before (a 1 s warm-up and a 4 s window
-per level: `FIXED_MEASURE`); the two are printed side by side. `--profile NAME` runs the
-experiment on another shipped simulator profile (its `backend.profile` replaced), judged on that
-profile's model.
+its boots, and where the rest of a boot's time goes, from the trials table's `started_at` and
+`finished_at` (the trainable's own clock: `boot_gaps`): between boots, from a boot's end to the
+start of the next boot that started after it (the searcher's proposal, Tune, Ray starting the
+trial's actor); and per boot besides its levels (its server's start, the warm-up request, the
+checks after each level). `--windows fixed,rule` runs each seed under both ways of measuring a
+level: `rule`, the experiment as it is (measure.precision: windows that end when the level is
+known), and `fixed`, the same experiment with the fixed windows it had before (a 1 s warm-up
+and a 4 s window per level: `FIXED_MEASURE`); the two are printed side by side. `--profile
+NAME` runs the experiment on another shipped simulator profile (its `backend.profile`
+replaced), judged on that profile's model.
 
 `--windows rule:precision=0.03:warmup_requests=0` runs the experiment with those [measure] keys
 set (a variant of the rule beside it); each seed runs under every variant before the next seed,
@@ -57,6 +61,7 @@ if str(HERE) not in sys.path:
 
 import search_efficiency as se  # noqa: E402
 
+from specdecode_tune import store  # noqa: E402
 from specdecode_tune.config import load_experiment  # noqa: E402
 from specdecode_tune.report.data import read_run  # noqa: E402
 
@@ -123,6 +128,7 @@ def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         raise RuntimeError(f"seed {seed}: exit {done.returncode}: " + " | ".join(tail))
     data = read_run(str(Path(storage) / name))
+    gaps, besides = run_gaps(str(Path(storage) / name))
     trials = [t for t in data.trials if not t.baseline]
     measured = [sum(lv.level_s or 0.0 for lv in t.levels.values()) for t in data.trials]
     m = _STOPPED.search(done.stdout)
@@ -130,13 +136,44 @@ def run_once(experiment: str, seed: int, storage: str, timeout_s: float) -> dict
     best = data.best
     by_median = max(data.configs, key=lambda cf: cf.robust.median) if data.configs else None
     return {"seed": seed, "wall_s": wall, "boots": 1 + len(trials),
-            "measure_s": sum(measured),
+            "measure_s": sum(measured), "gaps_s": gaps, "besides_s": besides,
             "refused": sum(1 for t in trials if t.status == "infeasible"),
             "explored": len({t.config_key for t in trials}),
             "self_stop": stopped.startswith("the model knows"), "stopped": stopped,
             "picked": None if best is None else best.params,
             "picked_median": None if best is None else best.robust.median,
             "best_median": None if by_median is None else by_median.robust.median}
+
+
+def run_gaps(run_dir: str) -> tuple[list[float], list[float]]:
+    """`boot_gaps` of a run dir, from its trials and levels tables."""
+    tables = store.read_tables(run_dir)
+    level_s: dict[str, float] = {}
+    for row in tables.levels.select(["trial_id", "level_s"]).to_pylist():
+        level_s[row["trial_id"]] = level_s.get(row["trial_id"], 0.0) + (row["level_s"] or 0.0)
+    return boot_gaps(tables.trials.to_pylist(), level_s)
+
+
+def boot_gaps(rows: Sequence[dict[str, Any]], level_s: dict[str, float]
+              ) -> tuple[list[float], list[float]]:
+    """(Between boots: for each boot that started after another ended, the seconds from the
+    latest such end to its start; besides the levels: for each boot with measured levels, its
+    seconds from start to end less its levels' `level_s`.) `rows`: the trials table's rows
+    (trial_id, started_at, finished_at: datetimes or epoch seconds, None where unrecorded);
+    `level_s`: each trial id's levels' seconds summed."""
+    def sec(t: Any) -> float | None:
+        return None if t is None else float(t.timestamp() if hasattr(t, "timestamp") else t)
+
+    spans = [(r["trial_id"], sec(r.get("started_at")), sec(r.get("finished_at"))) for r in rows]
+    spans = [(tid, a, b) for tid, a, b in spans if a is not None and b is not None]
+    ends = sorted(b for _, _, b in spans)
+    gaps = []
+    for _, a, _ in sorted(spans, key=lambda s: s[1]):
+        before = [e for e in ends if e <= a]
+        if before:
+            gaps.append(a - before[-1])
+    besides = [b - a - level_s[tid] for tid, a, b in spans if level_s.get(tid)]
+    return gaps, besides
 
 
 def judge(row: dict[str, Any], truth: se.Truth, exp: Any) -> dict[str, Any]:
@@ -158,12 +195,16 @@ def report(rows: Sequence[dict[str, Any]], truth: se.Truth,
             f"{r['wall_s']:.0f} s, measuring {r['measure_s']:.0f} s "
             f"({r['measure_s'] / r['boots']:.1f} s a boot); picked {key} at {r['at']:.1%} of "
             f"the model's optimum ({100 * (math.exp(-gap) - 1):+.1f}% vs the run's best median)")
+        say(f"            between boots {_spread(r['gaps_s'])}; per boot besides its levels "
+            f"{_spread(r['besides_s'])}")
     b = [r["boots"] for r in rows]
     opt = "steps={} topk={} draft={} mem={}".format(*truth.optimum)
     m = [r["measure_s"] for r in rows]
     say(f"   measuring median {statistics.median(m):.0f} s a search "
         f"({statistics.median(x / r['boots'] for x, r in zip(m, rows)):.1f} s a boot), "
         f"wall median {statistics.median(r['wall_s'] for r in rows):.0f} s")
+    say(f"   between boots, all runs: {_spread([g for r in rows for g in r['gaps_s']])}; per "
+        f"boot besides its levels {_spread([x for r in rows for x in r['besides_s']])}")
     say(f"   boots median {statistics.median(b):g} / worst {max(b)}; self-stop "
         f"{sum(r['self_stop'] for r in rows)}/{len(rows)}; picked within 2% of the optimum "
         f"({opt}) {sum(r['within'] for r in rows)}/{len(rows)}; refused worst "
@@ -172,6 +213,14 @@ def report(rows: Sequence[dict[str, Any]], truth: se.Truth,
     say(f"  target: stops by itself in <= {TARGET_BOOTS} boots in every run: "
         f"{'MET' if ok else 'NOT MET'}; picks within 2% in every run: "
         f"{'MET' if all(r['within'] for r in rows) else 'NOT MET'}")
+
+
+def _spread(xs: Sequence[float]) -> str:
+    """"median 2.1 s (0.3-5.0 s, 7)": the median, the range and the count; "-" for none."""
+    if not xs:
+        return "-"
+    return (f"median {statistics.median(xs):.1f} s ({min(xs):.1f}-{max(xs):.1f} s, "
+            f"{len(xs)})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[w].append(row)
                 print(f"  {w} seed {seed}: {row['boots']} boots, measuring "
                       f"{row['measure_s']:.0f} s, wall {row['wall_s']:.0f} s, at "
-                      f"{row['at']:.1%}", flush=True)
+                      f"{row['at']:.1%}; between boots {_spread(row['gaps_s'])}", flush=True)
     for w, rows in results.items():
         report(rows, truths[w], title=f"{w} windows ({wexps[w].backend.profile})")
     return 0

@@ -122,10 +122,15 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
                                        gate=KVGate(known=functools.partial(
                                            known_refusal, exp.backend)))
         num_samples = -1
+    # reuse_actors: a finished trial's actor (its Ray worker process, on its GPUs) runs the
+    # next trial of the same resources. A new actor is a new worker process that imports Tune
+    # and this package before its trial starts: 3-5 s of every gap between trials on the
+    # README's search (docs/search-efficiency.md). Each trial boots and stops its own server
+    # either way; the actor holds only the trainable's thread.
     return tune.Tuner(
         fn,
         tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples,
-                                    max_concurrent_trials=s.max_concurrent, reuse_actors=False,
+                                    max_concurrent_trials=s.max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(
             name=plan.name, storage_path=storage_path, verbose=0,
