@@ -44,6 +44,7 @@ than 0 (one seed at a time, alternating with another checkout's run of the same 
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import re
 import statistics
@@ -169,9 +170,8 @@ def boot_gaps(rows: Sequence[dict[str, Any]], level_s: dict[str, float]
     ends = sorted(b for _, _, b in spans)
     gaps = []
     for _, a, _ in sorted(spans, key=lambda s: s[1]):
-        before = [e for e in ends if e <= a]
-        if before:
-            gaps.append(a - before[-1])
+        if i := bisect.bisect_right(ends, a):         # the boots that ended by this start
+            gaps.append(a - ends[i - 1])
     besides = [b - a - level_s[tid] for tid, a, b in spans if level_s.get(tid)]
     return gaps, besides
 

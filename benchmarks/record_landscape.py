@@ -231,28 +231,30 @@ def done_keys(rows: Sequence[Mapping[str, Any]]) -> set[tuple[str, int]]:
     return {(r["point"], int(r["repeat"])) for r in rows}
 
 
+def mean_tok_s(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
+    """(point id, level) -> the mean tok/s of its measured repeats."""
+    acc: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r.get("output_tok_s"):
+            acc.setdefault((r["point"], int(r["concurrency"])), []).append(
+                float(r["output_tok_s"]))
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
 def contender_scores(rows: Sequence[Mapping[str, Any]], weights: Mapping[int, float]
                      ) -> dict[str, float] | None:
     """Each point's score (point id -> the objective on its measured repeats' mean tok/s per
     level against the baseline's), for the points measured at every weighted level; None where
     no baseline is measured yet (nothing can be scored)."""
-    sums: dict[tuple[str, int], list[float]] = {}
-    for r in rows:
-        if r.get("output_tok_s"):
-            sums.setdefault((r["point"], int(r["concurrency"])), []).append(
-                float(r["output_tok_s"]))
-    means = {k: sum(v) / len(v) for k, v in sums.items()}
+    means = mean_tok_s(rows)
     base_id = point_id({STEPS: 0})
-    used = [c for c, w in weights.items() if w > 0]
+    used = {c: w for c, w in weights.items() if w > 0}
     if not all((base_id, c) in means for c in used):
         return None
     base = {c: means[(base_id, c)] for c in used}
-    out = {}
-    for pid in {p for p, _ in means} - {base_id}:
-        if all((pid, c) in means for c in used):
-            out[pid] = score({c: means[(pid, c)] for c in used}, base,
-                             {c: weights[c] for c in used})
-    return out
+    return {pid: score({c: means[(pid, c)] for c in used}, base, used)
+            for pid in {p for p, _ in means} - {base_id}
+            if all((pid, c) in means for c in used)}
 
 
 def not_a_contender(point: Mapping[str, Any], repeat: int, rows: Sequence[Mapping[str, Any]],
@@ -481,15 +483,7 @@ def drift(before: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
     earlier sessions', how many), or (None, 0) where they share none. Two sessions on different
     machines, or one on a machine another job loaded, measure the same point differently; the
     replay takes a point's repeats as one machine's spread."""
-    def means(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], float]:
-        acc: dict[tuple[str, int], list[float]] = {}
-        for r in rows:
-            if r.get("output_tok_s"):
-                acc.setdefault((r["point"], int(r["concurrency"])), []).append(
-                    float(r["output_tok_s"]))
-        return {k: sum(v) / len(v) for k, v in acc.items()}
-
-    old, now = means(before), means(new)
+    old, now = mean_tok_s(before), mean_tok_s(new)
     ratios = [now[k] / old[k] for k in now.keys() & old.keys() if old[k] > 0]
     return (statistics.median(ratios), len(ratios)) if ratios else (None, 0)
 
