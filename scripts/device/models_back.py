@@ -27,7 +27,6 @@ Exit: 0 done; 1 a chunk missing or damaged (the line names the chunks to bring b
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -93,14 +92,9 @@ def join(manifest: dict, good: dict[str, Path], archive: Path) -> None:
     """The chunks end to end into `archive`, checked against the archive's sha256."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.tmp")
-    h = hashlib.sha256()            # as it is written: the archive is not read again for it
-    with open(tmp, "wb") as w:
-        for c in manifest["chunks"]:
-            with open(good[c["file"]], "rb") as r:
-                while block := r.read(1 << 22):
-                    w.write(block)
-                    h.update(block)
-    if h.hexdigest() != manifest["sha256"]:
+    written = pack_payload.write_hashed(tmp, [(good[c["file"]], 0, None)
+                                              for c in manifest["chunks"]])
+    if written != manifest["sha256"]:
         tmp.unlink()
         raise SystemExit("models_back: the joined archive's sha256 differs from the manifest "
                          "(every chunk matched its own): bring all chunks back again")

@@ -51,7 +51,9 @@ import tarfile
 import tempfile
 import tomllib
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -610,17 +612,22 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
             parts[-1].append((f, chunks[-1]))
             done += n
             room -= n
-        entries.append({"name": f.name, "size": size, "sha256": sha256(f), "chunks": chunks})
+        entries.append({"name": f.name, "size": size, "chunks": chunks})
+    # Each file's sha256 is taken as its chunks are copied (in order: a file's chunks are laid
+    # end to end over consecutive parts), so no file is read twice.
+    whole = {f: hashlib.sha256() for f in files}
     dirs = []
     for i, items in enumerate(parts, 1):
         d = out / f"part{i}"
         d.mkdir(parents=True)
         for src, chunk in items:
-            # Each chunk's own sha256, taken as it is copied: the machine checks a part as it
-            # is staged, so a part that came damaged is named at once, not when the file's
-            # last chunk arrives.
-            chunk["sha256"] = copy_range(src, chunk["offset"], chunk["size"], d / chunk["file"])
+            # Each chunk's own sha256 too: the machine checks a part as it is staged, so a
+            # part that came damaged is named at once, not when the file's last chunk arrives.
+            chunk["sha256"] = write_hashed(d / chunk["file"],
+                                           [(src, chunk["offset"], chunk["size"])], whole[src])
         dirs.append(d)
+    for f, entry in zip(files, entries, strict=True):
+        entry["sha256"] = whole[f].hexdigest()
     # The manifest (the same in every part) holds the chunks' sha256s, so it is written last.
     body = {"files": entries, "parts": len(parts), **extra}
     body["pack_id"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
@@ -629,17 +636,27 @@ def pack(files: list[Path], out: Path, part_bytes: int, extra: dict) -> list[Pat
     return dirs
 
 
-def copy_range(src: Path, offset: int, size: int, dst: Path) -> str:
-    """Copy `size` bytes of `src` from `offset` into `dst`; the copied bytes' sha256."""
+def write_hashed(dst: Path, sources: Iterable[tuple[Path, int, int | None]],
+                 *also: Any) -> str:
+    """Write the `sources` ((path, offset, size: None for the rest of the file)) end to end
+    into `dst`; the written bytes' sha256, read as they are written (each of `also`, a hashlib
+    object, is fed them too). The packer's chunks, the machine's staged and joined files and
+    the models' joined archive are all checked this way: no file is read again for its hash."""
     h = hashlib.sha256()
-    with open(src, "rb") as a, open(dst, "wb") as b:
-        a.seek(offset)
-        left = size
-        while left:
-            block = a.read(min(left, 1 << 22))
-            b.write(block)
-            h.update(block)
-            left -= len(block)
+    with open(dst, "wb") as b:
+        for src, offset, size in sources:
+            with open(src, "rb") as a:
+                a.seek(offset)
+                left = size
+                while left is None or left:
+                    block = a.read(1 << 22 if left is None else min(left, 1 << 22))
+                    if not block:
+                        break
+                    b.write(block)
+                    for x in (h, *also):
+                        x.update(block)
+                    if left is not None:
+                        left -= len(block)
     return h.hexdigest()
 
 

@@ -18,6 +18,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pack_payload  # the packer beside gpu_search.py: its sha256
+
 from . import base, staging
 from .base import EAGLE3_MODELS, MODELS_REPORT, Work, say
 from .staging import MODELS
@@ -261,7 +263,7 @@ def models_facts(work: Work, folder: Path) -> dict:
             "held_out_loss": (rep.get("target_loss") or {}).get("held_out"),
             "summary": base.last_line(work.results / "models.log"),
             "weights_sha256": {f"{d}/model.safetensors":
-                               staging.sha256(folder / d / "model.safetensors")
+                               pack_payload.sha256(folder / d / "model.safetensors")
                                for d in ("target", "eagle3")
                                if (folder / d / "model.safetensors").is_file()}}
 

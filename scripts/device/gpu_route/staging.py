@@ -5,12 +5,13 @@ models_back.py's parts)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import NamedTuple
+
+from pack_payload import write_hashed  # the packer beside gpu_search.py: one way to check
 
 from .base import REPO, Work, say
 
@@ -19,14 +20,6 @@ PAYLOAD_DIRS = ("build/gpu-payload",)
 # The trained EAGLE-3 models as carried parts (scripts/device/models_back.py): their manifest's
 # kind, which keeps them apart from the payload's parts.
 MODELS_KIND = "eagle3-models"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Lane(NamedTuple):
@@ -113,9 +106,9 @@ def take_part(work: Work, lane: Lane, part: Path, m: dict, manifest: dict | None
                 (joined / chunk_owner(manifest, f.name)).exists():
             continue
         tmp = stage_dir / f".{f.name}.tmp"
-        shutil.copyfile(f, tmp)
+        got = write_hashed(tmp, [(f, 0, None)])
         want = chunks.get(f.name, {}).get("sha256")
-        if want and sha256(tmp) != want:
+        if want and got != want:
             tmp.unlink()
             bad.append(f.name)
             continue
@@ -137,11 +130,8 @@ def join_files(work: Work, lane: Lane, manifest: dict) -> None:
         if out.exists() or not all((stage_dir / c["file"]).exists() for c in entry["chunks"]):
             continue
         tmp = joined / f".{entry['name']}.tmp"
-        with open(tmp, "wb") as w:
-            for c in entry["chunks"]:
-                with open(stage_dir / c["file"], "rb") as r:
-                    shutil.copyfileobj(r, w, 1 << 22)
-        if sha256(tmp) != entry["sha256"]:
+        if write_hashed(tmp, [(stage_dir / c["file"], 0, None)
+                              for c in entry["chunks"]]) != entry["sha256"]:
             tmp.unlink()
             for c in entry["chunks"]:
                 (stage_dir / c["file"]).unlink()

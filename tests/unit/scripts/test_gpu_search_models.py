@@ -7,6 +7,7 @@ the pipeline's model step use them instead of training."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -44,6 +45,9 @@ def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys, monk
     parts = pp.pack([src / "a.whl", src / "b.whl"], tmp_path / "pack", 2048, {})
     manifest = json.loads((parts[0] / "manifest.json").read_text())
     assert all("sha256" in c for e in manifest["files"] for c in e["chunks"])
+    # A file's own sha256, taken as its chunks were copied over two parts, is the file's
+    assert [e["sha256"] for e in manifest["files"]] == [
+        hashlib.sha256((src / n).read_bytes()).hexdigest() for n in ("a.whl", "b.whl")]
     work = gs.Work(tmp_path / "work")
     gs.staging.stage(work, [str(parts[0])])
     damaged = parts[1] / "a.whl.001"
