@@ -368,7 +368,7 @@ class RepeatingSearcher(Searcher):
             return self._final_repeat(ranked)
         # One early repeat of the incumbent, mid-search. (Alone it is one residual degree of
         # freedom: the band stays the experiment's until the final re-measurements; dropping
-        # it cost bench-noisy 3-4 of 10 picks in the replay, benchmarks/whole_search.py.)
+        # it cost bench-noisy 3 of 10 picks in the replay, benchmarks/whole_search.py.)
         if self.early_repeat_done or self.explored < max(3, self.max_trials // 3):
             return None
         self.early_repeat_done = True
