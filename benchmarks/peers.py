@@ -148,73 +148,41 @@ def ours(land: Land, seeds: int) -> dict[str, Any]:
 
 
 def whole_recorded(land: Land, seed: int) -> Any:
-    """The whole default search (as `whole_search.run_whole`) on a recorded table: its pick."""
-    from ray.tune.search import Searcher
+    """The whole default search (`whole_search.drive`, as `whole_search.run_whole`) on a
+    recorded table, each boot one recorded repeat: its pick."""
+    import whole_search
 
-    from specdecode_tune.samplers import BASELINE_ATTR, baseline_attr, measured_attr
-    from specdecode_tune.search.sampler_factory import make_sampler
-    from specdecode_tune.search.searcher import (
-        MEASURED_KEY,
-        ProposalSpace,
-        RepeatingSearcher,
-        SpecOptunaSearch,
-    )
-    from specdecode_tune.search.stopping import KVGate, StopRule
+    from specdecode_tune.samplers import baseline_attr, measured_attr
     from specdecode_tune.space import resolve
 
     lnd = land.land
     exp = lnd.exp
-    s = exp.search
-    inner = SpecOptunaSearch(
-        space=ProposalSpace(exp.space, exp.backend.flags, "hybrid"), metric="score",
-        mode="max", sampler=make_sampler("hybrid", exp, seed),
-        points_to_evaluate=[dict(p) for p in s.enqueue] or None, seed=seed)
     base_boot = lnd.draw_baseline(seed)
-    inner.study().set_user_attr(BASELINE_ATTR, baseline_attr(
+    baseline = baseline_attr(
         levels=list(base_boot.levels), weights=exp.level_weights(), facts=base_boot.facts,
         request_tokens=se.mean_length(exp.workload.input_len)
-        + se.mean_length(exp.workload.output_len)))
-    searcher = RepeatingSearcher(inner, max_trials=s.max_trials, repeats=s.repeats,
-                                 remeasure_top=s.remeasure_top, default_band=L.noise_band(lnd),
-                                 stop_rule=StopRule(), gate=KVGate())
-    live: list[tuple[str, dict[str, Any]]] = []
+        + se.mean_length(exp.workload.output_len))
     nth: dict[Any, int] = {}
-    n, finished = 0, False
-    for _ in range(10 * s.max_trials + 50):
-        while not finished and len(live) < s.max_concurrent:
-            tid = f"t{n}"
-            n += 1
-            cfg = searcher.suggest(tid)
-            if cfg == Searcher.FINISHED:
-                finished = True
-                break
-            if cfg is None:
-                break
-            live.append((tid, cfg))
-        if not live:
-            break
-        tid, cfg = live.pop(0)
-        params = resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
-                         exp.backend.flags)
+
+    def params_of(cfg: dict[str, Any]) -> dict[str, Any]:
+        return resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
+                       exp.backend.flags)
+
+    def boot(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any], str | None]:
+        params = params_of(cfg)
         key = lnd.key_of(params)
         nth[key] = nth.get(key, -1) + 1
-        boot = lnd.draw(key, seed, nth[key])
-        value = lnd.score_of(boot.tok_s, base_boot.tok_s) if boot.measured else None
-        attr = (measured_attr(status="ok", params=params, facts=boot.facts,
-                              levels=list(boot.levels)) if value is not None else
-                measured_attr(status=boot.status if boot.status != "ok" else "failed",
-                              params=params, reason=boot.reason or "no level measured"))
-        searcher.on_trial_complete(tid, {
-            "score": se.INFEASIBLE_SCORE if value is None else value,
-            "feasible": value is not None,
-            "status": "ok" if value is not None else "infeasible",
-            "reason": boot.reason, MEASURED_KEY: json.dumps(attr)})
+        b = lnd.draw(key, seed, nth[key])
+        value = lnd.score_of(b.tok_s, base_boot.tok_s) if b.measured else None
+        attr = (measured_attr(status="ok", params=params, facts=b.facts,
+                              levels=list(b.levels)) if value is not None else
+                measured_attr(status=b.status if b.status != "ok" else "failed",
+                              params=params, reason=b.reason or "no level measured"))
+        return value, attr, b.reason
+
+    searcher = whole_search.drive(exp, seed, baseline, boot, band=L.noise_band(lnd)).searcher
     ranked = searcher.ranking()
-    if not ranked:
-        return None
-    cfg = searcher.configs[ranked[0][0]]
-    return lnd.key_of(resolve({k: v for k, v in cfg.items() if not k.startswith("_")},
-                              exp.backend.flags))
+    return lnd.key_of(params_of(searcher.configs[ranked[0][0]])) if ranked else None
 
 
 # ------------------------------------------------------------------------------ vllm-tuner

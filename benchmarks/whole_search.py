@@ -23,7 +23,7 @@ import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -53,33 +53,39 @@ from specdecode_tune.space import DefineByRun, resolve  # noqa: E402
 TARGET_BOOTS = 12
 
 
-def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any]:
-    """One whole search on `profile`: its boots, refusals, stop and pick."""
+class Drive(NamedTuple):
+    """One search driven without Ray: the searcher (its ranking, configs, stop reason), the
+    Optuna search under it (its study's trials) and the boots (the baseline included)."""
+
+    searcher: RepeatingSearcher
+    inner: SpecOptunaSearch
+    boots: int
+
+
+# A boot: the config as the searcher proposed it -> (its score or None where refused or
+# failed, its `measured` attr, the reason it was not scored).
+Boot = Callable[[dict[str, Any]], tuple[float | None, dict[str, Any], str | None]]
+
+
+def drive(exp: Any, seed: int, baseline: dict[str, Any], boot: Boot, *, band: float,
+          sampler: str = "hybrid", gate: KVGate | None = None) -> Drive:
+    """Run the default search (`RepeatingSearcher` over `SpecOptunaSearch`, the stop rule and
+    the KV gate, as `search.tuner.build_tuner` builds them) to its end without Ray:
+    `max_concurrent` trials at a time, the oldest finishing first, each measured by `boot`.
+    `baseline` is the study's baseline attr (`samplers.baseline_attr`)."""
     from ray.tune.search import Searcher
 
-    truth = se.truth_of(profile)
-    exp = truth.exp
     s = exp.search
     inner = SpecOptunaSearch(
         space=ProposalSpace(exp.space, exp.backend.flags, sampler), metric="score", mode="max",
         sampler=make_sampler(sampler, exp, seed),
         points_to_evaluate=[dict(p) for p in s.enqueue] or None, seed=seed)
-    base = se.measured_baseline(truth, seed)
-    inner.study().set_user_attr(BASELINE_ATTR, baseline_attr(
-        levels=[{"concurrency": c, "output_tok_s": v} for c, v in base.items()],
-        weights=exp.level_weights(),
-        facts={"max_total_num_tokens": truth.base_kv, "max_running_requests": truth.base_limit},
-        request_tokens=se.mean_length(exp.workload.input_len)
-        + se.mean_length(exp.workload.output_len)))
-    gate = KVGate()
+    inner.study().set_user_attr(BASELINE_ATTR, baseline)
     searcher = RepeatingSearcher(inner, max_trials=s.max_trials, repeats=s.repeats,
-                                 remeasure_top=s.remeasure_top, default_band=s.noise_band,
-                                 stop_rule=StopRule(), gate=gate)
-    weights = exp.level_weights()
+                                 remeasure_top=s.remeasure_top, default_band=band,
+                                 stop_rule=StopRule(), gate=gate or KVGate())
     live: list[tuple[str, dict[str, Any]]] = []
-    boots, refused, n = 1, 0, 0          # the baseline is the first boot
-    seconds = {w: se.boot_seconds(truth, None, w) for w in se.WINDOWS}
-    finished = False
+    boots, n, finished = 1, 0, False          # the baseline is the first boot
     for _ in range(10 * s.max_trials + 50):          # bounded: a search is never longer
         while not finished and len(live) < s.max_concurrent:
             tid = f"t{n}"
@@ -96,6 +102,33 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         if not live:
             break
         tid, cfg = live.pop(0)
+        score, attr, reason = boot(cfg)
+        searcher.on_trial_complete(tid, {
+            "score": INFEASIBLE_SCORE if score is None else score,
+            "feasible": score is not None,
+            "status": "ok" if score is not None else "infeasible",
+            "reason": reason, MEASURED_KEY: json.dumps(attr)})
+    return Drive(searcher, inner, boots)
+
+
+def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any]:
+    """One whole search on `profile`: its boots, refusals, stop and pick."""
+    truth = se.truth_of(profile)
+    exp = truth.exp
+    base = se.measured_baseline(truth, seed)
+    baseline = baseline_attr(
+        levels=[{"concurrency": c, "output_tok_s": v} for c, v in base.items()],
+        weights=exp.level_weights(),
+        facts={"max_total_num_tokens": truth.base_kv, "max_running_requests": truth.base_limit},
+        request_tokens=se.mean_length(exp.workload.input_len)
+        + se.mean_length(exp.workload.output_len))
+    gate = KVGate()
+    weights = exp.level_weights()
+    refused = 0
+    seconds = {w: se.boot_seconds(truth, None, w) for w in se.WINDOWS}
+
+    def boot(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any], str | None]:
+        nonlocal refused
         key = se.point_of(exp, cfg)
         tok_s, attr = se.measure(truth, key, seed, int(cfg.get(REPEAT_KEY, 0)))
         point = truth.points[key]
@@ -104,11 +137,11 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         for w in se.WINDOWS:
             seconds[w] += se.boot_seconds(truth, key, w)
         score = se._score(tok_s, base, weights) if tok_s else None
-        searcher.on_trial_complete(tid, {
-            "score": INFEASIBLE_SCORE if score is None else score,
-            "feasible": score is not None,
-            "status": "ok" if score is not None else "infeasible",
-            "reason": point.reason, MEASURED_KEY: json.dumps(attr)})
+        return score, attr, point.reason
+
+    run = drive(exp, seed, baseline, boot, band=exp.search.noise_band, sampler=sampler,
+                gate=gate)
+    searcher, inner = run.searcher, run.inner
     ranked = searcher.ranking()
     picked = se.point_of(exp, searcher.configs[ranked[0][0]]) if ranked else None
     # Diagnostic only (not what the search picks): the best median, without the spread.
@@ -116,7 +149,8 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
     at_median = truth.at(se.point_of(exp, searcher.configs[by_median])) if by_median else 0.0
     errors = [e for t in inner.study().trials
               for e in level_errors(t.user_attrs.get("predicted"), t.user_attrs.get("measured"))]
-    return {"errors": errors, "profile": profile, "seed": seed, "boots": boots, "refused": refused,
+    return {"errors": errors, "profile": profile, "seed": seed, "boots": run.boots,
+            "refused": refused,
             "seconds": seconds,
             "skipped": len(gate.skipped), "explored": searcher.explored,
             "stopped": searcher.stop_reason, "picked": picked,
