@@ -377,8 +377,9 @@ class RepeatingSearcher(Searcher):
         return (key, have) if have < 2 else None
 
     def _final_repeat(self, ranked: list[tuple[str, Robust]]) -> tuple[str, int] | None:
-        """The next final re-measurement, decided on every answer so far (none while a trial
-        runs: the searcher waits for it), or None when nothing is left to decide:
+        """The next final re-measurement, decided on every answer so far (while a trial runs,
+        only the incumbent's first: the rest waits for it), or None when nothing is left to
+        decide:
 
         - the incumbent is re-measured once (min(2, repeats) boots back the pick);
         - then to `repeats` boots while some other config's median is within the band of its
@@ -393,11 +394,15 @@ class RepeatingSearcher(Searcher):
         measured band once the repeats measure one, before that the experiment's widened by
         the repeats so far (a noisy server's first repeats widen it; the experiment's band
         alone would call its differences beyond noise)."""
+        key, best = ranked[0]
         if self.live:
-            return None
+            # The incumbent's first re-measurement is owed unless a running trial overtakes it
+            # beyond the band: it starts beside them (a boot lost in that case only, a boot's
+            # wait saved in every other). The rest waits for their answers.
+            have = best.n + self._pending(key)
+            return (key, have) if have < min(2, self.repeats) else None
         band = cautious_band(self.scores.values(), self.default_band)
         sign = 1.0 if self.mode == "max" else -1.0
-        key, best = ranked[0]
         others = ranked[1:]
 
         def undecided(other: Robust) -> bool:

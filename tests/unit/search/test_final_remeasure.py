@@ -1,5 +1,5 @@
-"""The final re-measurements: one at a time, each decided on every answer so far. The
-incumbent is re-measured once, then to `repeats` while another config is within the noise band
+"""The final re-measurements: each decided on every answer so far (only the incumbent's first
+starts beside a running trial; the rest one at a time). The incumbent is re-measured once, then to `repeats` while another config is within the noise band
 of it; a runner-up below it beyond the band is not re-measured, one within the band is; a
 re-measurement that changes the ranking brings the new incumbent's turn."""
 
@@ -99,6 +99,21 @@ def test_the_final_remeasurements_run_one_at_a_time() -> None:
     searcher.on_trial_complete("r0", {"score": 1.0, "feasible": True})
     second = searcher.suggest("r1")
     assert (second[STEPS], second[REPEAT_KEY]) == (1, 2)
+
+
+def test_the_incumbents_first_remeasurement_starts_beside_the_last_exploration() -> None:
+    """It is owed unless that exploration overtakes the incumbent beyond the band, so it does
+    not wait for it (a boot's wait saved); what comes after it waits for the answers."""
+    boots = {1: [1.00, 1.00], 2: [0.50], 3: [0.40]}
+    searcher = make(boots)
+    for i in (0, 1):
+        config = searcher.suggest(f"e{i}")
+        searcher.on_trial_complete(f"e{i}", {"score": boots[config[STEPS]][0], "feasible": True})
+    last = searcher.suggest("e2")
+    assert last[STEPS] == 3 and not last.get(REPEAT_KEY)
+    beside = searcher.suggest("r0")
+    assert (beside[STEPS], beside[REPEAT_KEY]) == (1, 1)
+    assert searcher.suggest("r1") is None          # two running: the rest waits for them
 
 
 def test_a_noisy_servers_first_repeats_widen_the_band_the_decisions_use() -> None:
