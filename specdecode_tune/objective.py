@@ -143,6 +143,20 @@ def noise_band(groups: Iterable[Sequence[float]], default: float) -> float:
     return min(max(2.0 * pooled_sd(repeated), 0.002), 0.5)
 
 
+def cautious_band(groups: Iterable[Sequence[float]], default: float) -> float:
+    """The noise band a decision may rest on while the repeats are too few to measure one:
+    `noise_band` where they measure it (`band_dof`); else `default` widened by what the repeats
+    so far say (their pooled spread, moderated towards half of `default` counted as PRIOR_DOF
+    degrees of freedom), never narrowed below it. A noisy server's first repeats widen it at
+    once; `default` alone would call its differences beyond noise."""
+    repeated = [values for values in groups if len(values) >= 2]
+    if band_dof(repeated) or not repeated:
+        return noise_band(repeated, default)
+    dof = sum(len(values) - 1 for values in repeated)
+    so_far = 2.0 * moderated_sd(pooled_sd(repeated), dof, default / 2.0, PRIOR_DOF)
+    return min(max(default, so_far), 0.5)
+
+
 def compare(a: float, b: float, band: float) -> str:
     """'better' / 'worse' / 'within noise': a against b, scores in log units."""
     if a - b > band:

@@ -30,8 +30,9 @@ class SearchConfig:
     max_concurrent: int = 2
     gpus_per_trial: int = 2
     cpus_per_trial: float = 1.0
-    repeats: int = 3                  # measurements of the final incumbent
-    remeasure_top: int = 2            # top configs re-measured to estimate the noise band
+    repeats: int = 3                  # the final incumbent's boots, at most: min(2, repeats),
+                                      # more while another config is within the band of it
+    remeasure_top: int = 2            # runners-up re-measured (to 2) while within the band
     noise_band: float = 0.025         # relative; used until repeats measure one
     seed: int = 0
     baseline: bool = True             # measure no-speculation first

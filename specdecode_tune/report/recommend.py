@@ -352,8 +352,13 @@ def runner_up_line(data: RunData, r: Recommendation) -> str | None:
     if r.runner_up is None or r.runner_delta is None:
         return None
     verdict = "within noise" if r.runner_within else "worse beyond noise"
-    return (f"runner-up {data.label(r.runner_up.params)}: score {pct(r.runner_delta)} vs the "
-            f"best, {verdict} ({band_pct(data.band)})")
+    # How many boots back it; once, and beyond noise, why no second (the searcher's rule).
+    once = "" if r.runner_up.n != 1 else (
+        ", measured once" if r.runner_within else
+        ", measured once (the search re-measures a runner-up only within the noise band of "
+        "the best)")
+    return (f"runner-up {data.label(r.runner_up.params)}{once}: score {pct(r.runner_delta)} vs "
+            f"the best, {verdict} ({band_pct(data.band)})")
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from specdecode_tune.objective import (
     PRIOR_DOF,
     Robust,
     band_dof,
+    cautious_band,
     moderated_sigma,
     noise_band,
 )
@@ -67,3 +68,21 @@ def test_band_dof_counts_what_noise_band_uses() -> None:
     assert band_dof([[0.5], [0.4, 0.42], [0.3, 0.31]]) == 0
     assert noise_band([[0.5], [0.4, 0.42], [0.3, 0.31]], 0.2) == 0.2
     assert band_dof(iter([[0.4, 0.42, 0.41, 0.45]])) == 3       # any iterable, read once
+
+
+def test_the_cautious_band_is_the_measured_one_else_never_narrower_than_the_default() -> None:
+    """What the searcher's final re-measurements are decided with (search/searcher.py)."""
+    # No repeat: the default. Repeats that measure the band (3 residual dof): the band.
+    assert cautious_band([[0.5], [0.4]], 0.025) == 0.025
+    measured = [[0.5], [0.4, 0.42], [0.3, 0.31, 0.33]]
+    assert cautious_band(measured, 0.025) == noise_band(measured, 0.025) != 0.025
+    # Fewer repeats: close ones leave the default (never narrowed), a noisy server's first
+    # repeat widens it: its spread moderated towards half the default, PRIOR_DOF against 1.
+    assert cautious_band([[0.80, 0.80]], 0.025) == 0.025
+    assert cautious_band([[0.80, 0.801], [0.7, 0.7]], 0.025) == 0.025
+    wide = cautious_band([[1.00, 0.92]], 0.025)
+    sd = math.sqrt(0.04 ** 2 * 2 / 1)                      # two residuals of 0.04, 1 dof
+    assert wide == pytest.approx(
+        2 * math.sqrt((PRIOR_DOF * 0.0125 ** 2 + 1 * sd ** 2) / (PRIOR_DOF + 1)))
+    assert 0.025 < wide < 2 * sd
+    assert cautious_band([[5.0, -5.0]], 0.025) == 0.5     # clamped as noise_band is

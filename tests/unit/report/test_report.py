@@ -26,7 +26,7 @@ from specdecode_tune.report import write_report
 from specdecode_tune.report.cli import main as report_main
 from specdecode_tune.report.curves import shape
 from specdecode_tune.report.data import read_run
-from specdecode_tune.report.recommend import Schedule, recommend, schedule
+from specdecode_tune.report.recommend import Schedule, recommend, runner_up_line, schedule
 from specdecode_tune.report.verdicts import verdicts
 from specdecode_tune.space import resolve
 
@@ -317,6 +317,31 @@ def test_measured_band_from_repeats_swallows_a_small_gain(tmp_path: Path) -> Non
     assert rec.config.robust.sigma > data.band / 2       # its own scatter still counts
     assert rec.runner_up is not None and rec.runner_up.n == 1 and rec.runner_within
     assert rec.runner_up.robust.sigma == pytest.approx(data.band / 2)
+
+
+def test_the_runner_up_measured_once_says_so_and_why_when_beyond_noise(tmp_path: Path) -> None:
+    """The searcher re-measures a runner-up only within the band of the best: the "How sure"
+    line says when it was measured once, and why no second boot where it is beyond noise."""
+    run = Run(tmp_path / "beyond")
+    for i in range(2):
+        run.add(f"b{i}", {"speculative_num_steps": 4}, {1: 243.4, 16: 1508}, repeat=i)
+    run.add("c", {"speculative_num_steps": 3}, {1: 234 * 0.95, 16: 1450 * 0.95})   # -9%
+    data = read_run(str(tmp_path / "beyond"))
+    line = runner_up_line(data, recommend(data))
+    assert line is not None and "worse beyond noise" in line
+    assert ", measured once (the search re-measures a runner-up only within the noise band of " \
+           "the best): score" in line
+    run = Run(tmp_path / "within")
+    for i in range(2):
+        run.add(f"b{i}", {"speculative_num_steps": 4}, {1: 243.4, 16: 1508}, repeat=i)
+    run.add("c", {"speculative_num_steps": 3}, {1: 241, 16: 1495})                 # -1%
+    data = read_run(str(tmp_path / "within"))
+    line = runner_up_line(data, recommend(data))
+    assert line is not None and ", measured once: score" in line and "within noise" in line
+    run.add("c1", {"speculative_num_steps": 3}, {1: 241, 16: 1495}, repeat=1)
+    data = read_run(str(tmp_path / "within"))
+    line = runner_up_line(data, recommend(data))
+    assert line is not None and "measured once" not in line
 
 
 def test_suspect_trials_are_left_out_and_listed(tmp_path: Path) -> None:

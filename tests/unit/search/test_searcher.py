@@ -58,8 +58,12 @@ def test_explores_budget_then_remeasures_the_best_and_finishes() -> None:
     assert len(keys) == len(set(keys)), "a measured point was booted twice as exploration"
     best = max((c for c in explored if score(c)["feasible"]), key=lambda c: score(c)["score"])
     n_best = sum(1 for c in ran if c["speculative_num_steps"] == best["speculative_num_steps"])
-    assert n_best == 3                        # the incumbent is measured `repeats` times
-    assert repeats and all(score(c)["feasible"] for c in repeats)
+    # The incumbent is re-measured (here by the early repeat); its lead over every other
+    # point is beyond the band, so no third boot and no runner-up's second
+    # (test_final_remeasure.py has the cases that need them).
+    assert n_best == 2
+    assert repeats and all(c["speculative_num_steps"] == best["speculative_num_steps"]
+                           for c in repeats)
     study = searcher.inner.study()
     assert "noise_band" in study.user_attrs
     # Optuna saw the refused configs as constraint violations, not as failures.
