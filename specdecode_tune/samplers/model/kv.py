@@ -2,8 +2,15 @@
 
 max_total_num_tokens = a * mem_fraction_static - b - c * draft_tokens (static pool minus weights
 minus per-draft-token buffers), a Gaussian posterior with broad priors on a, c >= 0, from the
-servers' facts; running limit = floor(KV / r) (r = tokens reserved per request, from the facts; a
-constant cap where the limit does not follow the KV). A KV budget below r is a refused boot.
+servers' facts; running limit = min(cap, floor(KV / r)) (r = tokens reserved per request, from the
+facts; cap = a flag's limit where the limit does not follow the KV). A KV budget below r is a
+refused boot.
+
+The running limit is a speculative server's: SGLang lowers max_running_requests under
+speculation (48 where the flag is unset: `_handle_speculative_decoding`; the simulator the same,
+`sim/boot.py`), a cap the baseline does not share, while r is one rule for every boot. So the
+cap comes from the speculative boots' own limits only, and the baseline's (KV, limit) helps find
+r where it agrees with them (`_running_rule`).
 """
 
 from __future__ import annotations
@@ -62,12 +69,57 @@ def fit_kv(obs: Sequence[TrialObs], base: Baseline) -> KVFit:
     prec = x.T @ x / sigma**2 + np.diag(1.0 / sd0**2)
     cov = np.linalg.inv(prec)
     mean = cov @ (x.T @ (y / scale) / sigma**2 + mu0 / sd0**2)
-    pairs = [(float(o.kv), int(o.limit)) for o in obs if o.feasible and o.kv and o.limit]
-    if base.kv and base.limit:
-        pairs.append((float(base.kv), int(base.limit)))
-    reserve, cap = _reserve(pairs)
+    spec = [(float(o.kv), int(o.limit)) for o in obs if o.feasible and o.kv and o.limit]
+    reserve, cap = _running_rule(
+        spec, (float(base.kv), int(base.limit)) if base.kv and base.limit else None)
     return KVFit(mean=mean * scale, cov=cov * scale**2, reserve=reserve, cap=cap,
                  points=len(rows))
+
+
+Pair = tuple[float, int]          # (KV budget in tokens, running limit) of one boot
+
+
+def _running_rule(spec: Sequence[Pair], base: Pair | None) -> tuple[float | None, int | None]:
+    """(r, cap) of limit = min(cap, floor(kv / r)) at a speculative point, from the speculative
+    boots' (KV, limit) `spec` and the baseline's `base`.
+
+    SGLang's rule (and the simulator's): the memory's limit floor(kv / r), with r the same for
+    every boot, under a flag that speculation sets (48 where unset) and the baseline does not
+    share. Of the readings the data allow, the first that every boot agrees with: one r and no
+    cap (the limits all follow the KV); the speculative boots at their largest limit capped
+    there, the other speculative boots and the baseline on one r; then the speculative boots
+    alone (the baseline's limit a flag of its own), as `_reserve` reads them.
+    """
+    if not spec:
+        # No speculative boot measured yet: the baseline's limit is all the data say, kept
+        # until one is, though a speculative server's may be lower (SGLang's 48).
+        return _reserve([base] if base else [])
+    top = max(lim for _, lim in spec)
+    at = [p for p in spec if p[1] == top]
+    under = [p for p in spec if p[1] < top]
+    if base is not None:
+        both = _interval([*spec, base])
+        if both is not None:
+            return _mid(both), None
+        capped = _interval([*under, base], capped=at, cap=top)
+        if capped is not None:
+            return _mid(capped), top
+    return _reserve(spec)
+
+
+def _interval(pairs: Sequence[Pair], capped: Sequence[Pair] = (), cap: int | None = None
+              ) -> tuple[float, float] | None:
+    """The r in (lo, hi] with floor(kv / r) = limit for every pair of `pairs` and
+    floor(kv / r) >= cap for every pair of `capped`; None where there is none."""
+    if not pairs:
+        return None
+    lo = max(kv / (lim + 1) for kv, lim in pairs)
+    hi = min([kv / lim for kv, lim in pairs] + [kv / cap for kv, _ in capped if cap])
+    return (lo, hi) if lo < hi * (1 + 1e-9) else None
+
+
+def _mid(interval: tuple[float, float]) -> float:
+    return (interval[0] + interval[1]) / 2
 
 
 def _reserve(pairs: Sequence[tuple[float, int]]) -> tuple[float | None, int | None]:

@@ -178,6 +178,35 @@ def test_a_running_limit_set_by_a_flag_is_a_cap() -> None:
     assert fit.limit(np.array([1e6]))[0] == 8
 
 
+def test_a_speculative_limit_is_capped_by_the_speculative_boots_not_the_baseline() -> None:
+    # SGLang lowers max_running_requests under speculation (48 where the flag is unset), so a
+    # speculative boot runs min(flag, kv // r) while the baseline's limit follows its KV
+    # (26 here, above the flag): the cap is the speculative boots', r is everyone's.
+    flag = 20
+    points = [(0.92, 3), (0.90, 3), (0.88, 3)]      # memory allows 31, 23, 15
+    trials = [obs(n - 1, 1, n, mem=m, kv=kv_of(m, n), limit=min(flag, kv_of(m, n) // RESERVE))
+              for m, n in points]
+    base = parse_baseline({"levels": {"1": {"output_tok_s": 90.0}},
+                           "facts": {"max_total_num_tokens": BASE_KV,
+                                     "max_running_requests": BASE_KV // RESERVE}})
+    assert flag < BASE_KV // RESERVE
+    for measured in (trials, trials[:1]):
+        # One boot at the flag is enough: the baseline's r says its KV allowed 31.
+        fit = fit_kv(measured, base)
+        assert fit.cap == flag
+        for m, n in ((0.92, 2), (0.90, 4), (0.88, 3), (0.88, 4)):
+            assert fit.limit(np.array([kv_of(m, n)]))[0] == min(flag, kv_of(m, n) // RESERVE)
+
+
+def test_without_a_speculative_limit_the_baseline_s_is_kept() -> None:
+    trials = [obs(n - 1, 1, n, mem=m, kv=kv_of(m, n)) for m, n in ((0.92, 3), (0.9, 2))]
+    base = parse_baseline({"levels": {"1": {"output_tok_s": 90.0}},
+                           "facts": {"max_total_num_tokens": BASE_KV,
+                                     "max_running_requests": BASE_KV // RESERVE}})
+    fit = fit_kv(trials, base)
+    assert fit.limit(np.array([float(BASE_KV)]))[0] == BASE_KV // RESERVE
+
+
 def step_rows(n_rows: int, noise: float, rng: np.random.Generator) -> StepRows:
     cols: dict[str, list[float]] = {k: [] for k in ("r", "n", "s", "k", "L", "spec", "t")}
     for c in LEVELS:      # the baseline
