@@ -5,7 +5,9 @@ observations, which candidates are free (neither measured nor running) and the p
 of every candidate's tok/s per level and score (-inf where a draw says the server refuses the
 boot). `pick` chooses an option's candidate: the largest EI, infeasible draws counting as no
 improvement, ties to the higher mean score; once a refusal for memory has measured the
-boundary, only points that boot in at least `SAFE_P` of the draws (while any remain). EI is
+boundary, only points that boot in at least `SAFE_P` of the draws (while any remain); while a
+running boot bets on that boundary (the measured version space is unsure of it), only points
+every line of the version space boots (`sure_points`, while any remain). EI is
 over the model's own mean of the best measured configuration (`reference`), not the best
 measured value.
 """
@@ -37,6 +39,9 @@ class Option(NamedTuple):
     free: np.ndarray                    # (N,) neither measured nor running
     levels: dict[int, np.ndarray]       # log tok/s per level, (draws, N)
     scores: np.ndarray                  # (draws, N), -inf where refused
+    # While a running trial bets on the out-of-memory boundary: (N,) whether every line of the
+    # boundary's version space boots the candidate (None: no such bet running).
+    sure: np.ndarray | None = None
 
 
 class Pick(NamedTuple):
@@ -57,12 +62,15 @@ def best_reference(options: Sequence[Option]) -> float | None:
     return max(refs) if refs else None
 
 
-def pick(option: Option, best_score: float, band: float | None, per_level: bool
-         ) -> tuple[Pick, float]:
+def pick(option: Option, best_score: float, band: float | None, per_level: bool,
+         sure_only: bool = False) -> tuple[Pick, float]:
     """(The option's free candidate of largest EI over `best_score`, ties to the higher mean
     score; the largest expected gain beyond `band` over its free points, 0 without a band).
-    `per_level`: EI of any level's best measured tok/s instead (`level_ei`)."""
-    _, fit, cands, obs, free, levels, scores = option
+    `per_level`: EI of any level's best measured tok/s instead (`level_ei`). `sure_only`: only
+    free points every boundary line boots (`sure_points`); an option without one picks at
+    -inf."""
+    fit, obs, free, levels, scores = option.fit, option.obs, option.free, option.levels, \
+        option.scores
     feasible = np.isfinite(scores)
     gain = np.where(feasible, np.maximum(scores - best_score, 0.0), 0.0)
     ei = gain.mean(axis=0)
@@ -81,10 +89,33 @@ def pick(option: Option, best_score: float, band: float | None, per_level: bool
         likely = feasible.mean(axis=0) >= SAFE_P
         if (free & likely).any():
             free = free & likely
+    excluded = False
+    if sure_only:
+        # Another trial is booting a point the boundary may refuse: this slot does not bet on
+        # the same boundary before that boot answers (`sure_points`).
+        sure = free if option.sure is None else free & option.sure
+        if sure.any():
+            free = sure
+        else:
+            excluded = True
     order = np.lexsort((-mean, -ei))          # EI first, then the mean score
     order = order[free[order]]
     i = int(order[0])
+    if excluded:
+        return Pick(-math.inf, -math.inf, i, option, level_note), beyond
     return Pick(float(ei[i]), float(mean[i]), i, option, level_note), beyond
+
+
+def sure_points(options: Sequence[Option]) -> bool:
+    """Whether proposals keep to points every line of the out-of-memory boundary's version
+    space boots: while a running trial bets on the boundary (an option's `sure` is set) and
+    some option has such a free point. The boundary's posterior before a refusal rests on the prior over its
+    slope and intercept; a second bet placed before the first answers doubles that prior's
+    risk (both refused where the truth sits at the prior's edge), where the first boot's
+    answer costs one boot's wait."""
+    if not any(o.sure is not None for o in options):
+        return False
+    return any((o.free & o.sure).any() for o in options if o.sure is not None)
 
 
 def level_ei(levels: Mapping[int, np.ndarray], feasible: np.ndarray, obs: Sequence[Any],

@@ -42,6 +42,7 @@ reading (measured there: 2 MB apart) and says nothing more.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,6 +133,18 @@ def _fit(above: list[tuple[float, int]], ran: list[tuple[float, int]],
     if not ok.any():
         return None             # no line explains the data: the rule does not hold here
     return OOMFit(beta=b[ok], lo=lo[ok], hi=hi[ok])
+
+
+def oom_sure(fit: OOMFit | None, cands: Any) -> np.ndarray:
+    """(N,) whether every line of the version space boots each candidate (`cands`: its `mem`,
+    None for 1.0, and `draft` arrays); all True without a boundary."""
+    mem = np.asarray(cands.mem, dtype=float)
+    if fit is None:
+        return np.ones(mem.shape, dtype=bool)
+    n = np.asarray(cands.draft, dtype=float)
+    need = mem[:, None] + fit.beta[None, :] * n[:, None]
+    lo = np.where(np.isfinite(fit.lo), fit.lo, fit.hi - 0.2)
+    return np.all(need <= lo[None, :] + 1e-9, axis=1)
 
 
 def fit_oom_running(obs: Sequence[TrialObs], running: Sequence[TrialObs],

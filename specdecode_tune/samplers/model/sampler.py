@@ -55,8 +55,8 @@ from .anchor import anchor
 from .candidates import Candidates, enumerate_space, one, point_key, subset
 from .contexts import context_of, contexts, ctx_text, fitted_in, in_context
 from .fit import Fit, fit_model, level_draws, predict_levels, score_draws, score_of
-from .improvement import Option, Pick, best_reference, pick
-from .oom import fit_oom_running, running_as_refused
+from .improvement import Option, Pick, best_reference, pick, sure_points
+from .oom import fit_oom_running, oom_sure, running_as_refused
 from .trials import TrialObs, parse_baseline, parse_measured
 
 DECISION_ATTR = "model_guided"      # trial user attr: who proposed the trial, and why
@@ -170,8 +170,9 @@ class ModelGuidedSampler(PlannedSampler):
             value_of(best_trial) if best_trial is not None else 0.0)
         picks = []
         beyond = 0.0
+        sure = sure_points(options)
         for option in options:
-            chosen, over = pick(option, best_score, band, self._per_level)
+            chosen, over = pick(option, best_score, band, self._per_level, sure)
             picks.append(chosen)
             beyond = max(beyond, over)
         best = max(picks, key=lambda p: (p.ei, p.mean))
@@ -196,9 +197,15 @@ class ModelGuidedSampler(PlannedSampler):
         poor: list[str] = []
         for ctx in ctxs:
             fit, cands, obs = pooled if not ctx else fitted_in(study, trials, ctx, pooled)
+            probing = False
             if self.__dict__.get("_pessimistic"):
                 liars = self._running_as_refused(trials, number, obs)
                 if liars:
+                    # a running boot the measured boundary is unsure of: a bet on it
+                    measured = fit.oom
+                    probing = measured is not None and any(
+                        measured.p_feasible(1.0 if o.mem is None else o.mem, o.draft) < 1.0
+                        for o in liars)
                     fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
             if fit.rms > limit:
                 poor.append(f"{ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
@@ -214,7 +221,8 @@ class ModelGuidedSampler(PlannedSampler):
             rng = np.random.default_rng([self._seed, number, len(options)])
             levels, ok_draws = level_draws(fit, cands, rng, self._draws)
             options.append(Option(ctx, fit, cands, obs, free, levels,
-                                  score_of(fit, levels, ok_draws)))
+                                  score_of(fit, levels, ok_draws),
+                                  oom_sure(fit.oom, cands) if probing else None))
         return options, poor
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
@@ -360,7 +368,7 @@ class ModelGuidedSampler(PlannedSampler):
 
 def _decision(best: Pick, best_score: float) -> dict[str, Any]:
     """What the trial records of the model's proposal: why, and what the fit says of it."""
-    ctx, fit, _, _, _, _, scores = best.option
+    ctx, fit, scores = best.option.ctx, best.option.fit, best.option.scores
     ok = np.isfinite(scores[:, best.at])
     return {
         "by": "model",

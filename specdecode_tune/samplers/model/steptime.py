@@ -9,7 +9,10 @@ t = R * L / tok_s with R = min(concurrency, running limit), and
 token, padded to a tile of T tokens; draft steps and drafted tokens; prefill amortized over the
 tokens a request produces). The coefficients are non-negative least squares on relative errors
 with a weak ridge prior; f and T are chosen on a grid by BIC; draws come from the Laplace
-posterior.
+posterior truncated to non-negative coefficients (Gibbs along the covariance's eigenvectors):
+where the data pin only a combination of coefficients (every speculative boot at one step
+count), clipping each coordinate of an untruncated draw at zero would break the combination and
+spread the draws' step time far beyond what was measured.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from itertools import product
 
 import numpy as np
 from scipy.optimize import nnls
+from scipy.special import ndtr, ndtri
 
 TILES = (1, 4, 8, 16, 32, 64, 128)             # verify padding tiles tried
 ROUTES = (None, 0.01, 0.03, 0.1, 0.3)          # expert route fractions tried (None: no MoE term)
 N_FEATURES = 7
+GIBBS_SWEEPS = 12                              # sweeps of the truncated-posterior sampler
 
 
 def step_features(r: np.ndarray, n: np.ndarray, s: np.ndarray, k: np.ndarray, L: np.ndarray,
@@ -45,11 +50,66 @@ class StepFit:
     rms: float                      # in-sample relative error of the step time
 
     def draws(self, rng: np.random.Generator, m: int) -> np.ndarray:
-        theta = rng.multivariate_normal(self.mean, self.cov, size=m, method="eigh")
-        return np.maximum(theta, 0.0)
+        """m draws from N(mean, cov) restricted to theta >= 0: m Gibbs chains, each started at
+        the NNLS mean (feasible), moved along each eigenvector of cov in turn by an exact 1-D
+        truncated-normal draw (the eigen-directions are independent under the untruncated
+        posterior, so each conditional is N(-u.(x - mean), lambda) on the feasible segment)."""
+        lam, vecs = np.linalg.eigh(self.cov)
+        lam = np.maximum(lam, 0.0)
+        mean = np.maximum(self.mean, 0.0)
+        x = np.tile(mean, (m, 1))
+        for _ in range(GIBBS_SWEEPS):
+            for j in range(len(lam)):
+                sd = math.sqrt(lam[j])
+                if sd <= 0.0:
+                    continue
+                u = vecs[:, j]
+                mu = -(x - mean) @ u                            # conditional mean of the step t
+                lo, hi = _segment(x, u)
+                t = _truncated_normal(rng, mu, sd, lo, hi)
+                x = np.maximum(x + t[:, None] * u[None, :], 0.0)   # rounding only
+        return x
 
     def time(self, theta: np.ndarray, feats: np.ndarray) -> np.ndarray:
         return feats @ theta
+
+
+def _segment(x: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of x, the steps t with x + t u >= 0 (a segment that contains t = 0)."""
+    m = x.shape[0]
+    lo = np.full(m, -np.inf)
+    hi = np.full(m, np.inf)
+    for i in np.flatnonzero(np.abs(u) > 1e-12):
+        bound = -x[:, i] / u[i]
+        if u[i] > 0:
+            lo = np.maximum(lo, bound)
+        else:
+            hi = np.minimum(hi, bound)
+    lo = np.minimum(lo, 0.0)
+    hi = np.maximum(hi, 0.0)
+    return lo, hi
+
+
+def _truncated_normal(rng: np.random.Generator, mu: np.ndarray, sd: float, lo: np.ndarray,
+                      hi: np.ndarray) -> np.ndarray:
+    """One draw per row from N(mu, sd^2) restricted to [lo, hi], by the inverse CDF; a segment
+    wholly in the upper tail is mirrored so the CDF is read where it has precision."""
+    a = (lo - mu) / sd
+    b = (hi - mu) / sd
+    flip = a > 0.0
+    a2 = np.where(flip, -b, a)
+    b2 = np.where(flip, -a, b)
+    pa, pb = ndtr(a2), ndtr(b2)
+    u = rng.random(len(mu))
+    p = pa + u * (pb - pa)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = ndtri(p)
+    # where the segment's mass is below the CDF's precision, the bound nearer the mean
+    near = np.where(np.abs(a2) < np.abs(b2), a2, b2)
+    z = np.where(np.isfinite(z) & (pb - pa > 1e-300), z, near)
+    z = np.clip(z, a2, b2)
+    z = np.where(flip, -z, z)
+    return mu + sd * z
 
 
 @dataclass(frozen=True)

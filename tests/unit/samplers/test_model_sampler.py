@@ -781,3 +781,66 @@ def test_points_the_servers_release_crashes_on_are_no_candidates() -> None:
     cands = sampler.model._candidates([])
     assert cands is not None and cands.triples
     assert all(not (k > 1 and d < s + 1) for s, k, d in cands.triples)
+
+
+def test_step_time_draws_keep_a_combination_the_data_pin() -> None:
+    """Every speculative boot at steps 4 / draft 5: the data pin only a combination of the fixed
+    speculative cost and the per-draft-step cost. The draws (the posterior truncated to
+    non-negative coefficients) keep it: their step time at each measured speculative level
+    stays within a few % of the measurement. Clipping each coordinate of an untruncated draw
+    at zero (the old draws) broke it: median +70% there."""
+    from specdecode_tune.samplers.model.steptime import StepFit
+
+    true = np.array([0.010, 0.0, 0.00002, 0.0012, 0.0006, 0.00001, 0.000002])
+    cols: dict[str, list[float]] = {k: [] for k in ("r", "n", "s", "k", "L", "spec")}
+    for r in (1, 16, 32, 48):
+        for row in ((r, 1, 0, 1, 1.0, 0.0), (r, 5, 4, 1, 3.0, 1.0), (r, 5, 4, 1, 2.9, 1.0)):
+            for key, v in zip(cols, row):
+                cols[key].append(float(v))
+    a = {k: np.array(v) for k, v in cols.items()}
+    f = step_features(a["r"], a["n"], a["s"], a["k"], a["L"], a["spec"], 1, None)
+    t = f @ true * (1 + 0.01 * np.random.default_rng(0).standard_normal(len(a["r"])))
+    typical = np.median(step_features(a["r"], a["n"], a["s"], a["k"], a["L"], a["spec"], 1,
+                                      0.1), axis=0)
+    fit = fit_step(StepRows(t=t, **a), typical, float(t[a["spec"] == 0].min()))
+    spec = a["spec"] == 1
+    feats = step_features(a["r"], a["n"], a["s"], a["k"], a["L"], a["spec"], fit.tile,
+                          fit.route)[spec]
+    draws = fit.draws(np.random.default_rng(0), 256)
+    assert draws.min() >= 0.0
+    rel = (draws @ feats.T) / t[spec][None, :] - 1.0
+    lo, hi = np.percentile(rel, [10, 90], axis=0)
+    assert np.all(lo > -0.03) and np.all(hi < 0.03)
+    # deterministic given the generator
+    assert np.array_equal(draws, fit.draws(np.random.default_rng(0), 256))
+    # the old draws, for the record: the clip moves the combination far off
+    clipped = np.maximum(np.random.default_rng(0).multivariate_normal(
+        fit.mean, fit.cov, 256, method="eigh"), 0.0)
+    assert np.median((clipped @ feats.T) / t[spec][None, :] - 1.0) > 0.1
+    assert isinstance(fit, StepFit)
+
+
+def test_while_a_boundary_bet_runs_a_proposal_keeps_to_points_every_boundary_line_boots() -> None:
+    """Two proposals booted together both over the out-of-memory edge (bench-noisy with the
+    truncated step-time draws): while a running boot is unsure under the boundary's version
+    space, the next proposal is a point every line boots, where one is free."""
+    from types import SimpleNamespace
+
+    from specdecode_tune.samplers.model.improvement import Option, pick, sure_points
+    from specdecode_tune.samplers.model.oom import OOMFit, oom_sure
+
+    oom = OOMFit(beta=np.array([0.004, 0.0075]), lo=np.array([0.88, 0.88]),
+                 hi=np.array([0.92, 0.92]))
+    cands = SimpleNamespace(mem=np.array([0.89, 0.85, 0.80]), draft=np.array([7, 5, 5]))
+    sure = oom_sure(oom, cands)
+    assert sure.tolist() == [False, False, True]       # 0.85 + 0.0075 * 5 > 0.88
+    scores = np.tile(np.array([0.8, 0.6, 0.4]), (8, 1))
+    scores[0, 0] = -np.inf                               # the risky one fails in a draw
+    free = np.ones(3, dtype=bool)
+    option = Option({}, None, cands, [], free, {}, scores, sure)
+    assert sure_points([option])
+    chosen, _ = pick(option, 0.0, None, False, True)
+    assert chosen.at == 2
+    chosen, _ = pick(option._replace(sure=None), 0.0, None, False, False)
+    assert chosen.at == 0                                # no bet running: the best EI
+    assert not sure_points([option._replace(sure=None)])
