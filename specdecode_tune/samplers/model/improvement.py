@@ -109,10 +109,10 @@ def pick(option: Option, best_score: float, band: float | None, per_level: bool,
 def sure_points(options: Sequence[Option]) -> bool:
     """Whether proposals keep to points every line of the out-of-memory boundary's version
     space boots: while a running trial bets on the boundary (an option's `sure` is set) and
-    some option has such a free point. The boundary's posterior before a refusal rests on the prior over its
-    slope and intercept; a second bet placed before the first answers doubles that prior's
-    risk (both refused where the truth sits at the prior's edge), where the first boot's
-    answer costs one boot's wait."""
+    some option has such a free point. The boundary's posterior before a refusal rests on the
+    prior over its slope and intercept; a second bet placed before the first answers doubles
+    that prior's risk (both refused where the truth sits at the prior's edge), where the first
+    boot's answer costs one boot's wait."""
     if not any(o.sure is not None for o in options):
         return False
     return any((o.free & o.sure).any() for o in options if o.sure is not None)

@@ -42,8 +42,8 @@ reading (measured there: 2 MB apart) and says nothing more.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 

@@ -1,7 +1,8 @@
 """The final re-measurements: each decided on every answer so far (only the incumbent's first
-starts beside a running trial; the rest one at a time). The incumbent is re-measured once, then to `repeats` while another config is within the noise band
-of it; a runner-up below it beyond the band is not re-measured, one within the band is; a
-re-measurement that changes the ranking brings the new incumbent's turn."""
+starts beside a running trial; the rest one at a time). The incumbent is re-measured once, then
+to `repeats` while another config is within the noise band of it; a runner-up below it beyond
+the band is not re-measured, one within the band is; a re-measurement that changes the ranking
+brings the new incumbent's turn."""
 
 from __future__ import annotations
 
