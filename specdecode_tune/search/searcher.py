@@ -8,7 +8,8 @@ failed trial, so constraint-aware samplers learn where the feasible region ends.
 medians less a spread (1.4826 * MAD shrunk towards the pooled noise: objective.Robust) and the
 noise band is measured, not assumed. Early in the search (after a third of the budget) it
 re-measures the incumbent once. Once exploring ends, the final re-measurements run one at a
-time, each decided on every answer so far (`_final_repeat`): the incumbent is re-measured once,
+time (the incumbent's first may start beside the last running trial), each decided on every
+answer so far (`_final_repeat`): the incumbent is re-measured once,
 then up to `repeats` boots while another config's median is within the noise band of its own,
 and the top `remeasure_top` runners-up to 2 boots each unless their median is below the
 incumbent's beyond the band (a second boot would have to measure above the incumbent by more

@@ -113,8 +113,6 @@ def sure_points(options: Sequence[Option]) -> bool:
     prior over its slope and intercept; a second bet placed before the first answers doubles
     that prior's risk (both refused where the truth sits at the prior's edge), where the first
     boot's answer costs one boot's wait."""
-    if not any(o.sure is not None for o in options):
-        return False
     return any((o.free & o.sure).any() for o in options if o.sure is not None)
 
 

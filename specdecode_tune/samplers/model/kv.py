@@ -122,7 +122,7 @@ def _mid(interval: tuple[float, float]) -> float:
     return (interval[0] + interval[1]) / 2
 
 
-def _reserve(pairs: Sequence[tuple[float, int]]) -> tuple[float | None, int | None]:
+def _reserve(pairs: Sequence[Pair]) -> tuple[float | None, int | None]:
     """Tokens per request r with limit = floor(kv / r) for every pair; else a constant cap."""
     if not pairs:
         return None, None

@@ -63,11 +63,17 @@ class OOMFit:
     lo: np.ndarray              # alpha >= lo (per slope; -inf where nothing ran)
     hi: np.ndarray              # alpha < hi (per slope)
 
+    @property
+    def floor(self) -> np.ndarray:
+        """alpha's lower end per slope: `lo`, or 0.2 under `hi` where the interval is open
+        below (the prior's span)."""
+        return np.where(np.isfinite(self.lo), self.lo, self.hi - 0.2)
+
     def draws(self, rng: np.random.Generator, m: int) -> tuple[np.ndarray, np.ndarray]:
         """(alpha, beta) of `m` lines drawn from the version space (uniform slope, uniform
         alpha in its interval; an interval open below spans 0.2 under its top)."""
         i = rng.integers(len(self.beta), size=m)
-        lo = np.where(np.isfinite(self.lo[i]), self.lo[i], self.hi[i] - 0.2)
+        lo = self.floor[i]
         alpha = lo + (self.hi[i] - lo) * rng.random(m)
         return alpha, self.beta[i]
 
@@ -79,7 +85,7 @@ class OOMFit:
     def p_feasible(self, mem: float, n: float) -> float:
         """The share of the version space (slopes uniform, alpha uniform) that boots (mem, n)."""
         need = mem + self.beta * n
-        lo = np.where(np.isfinite(self.lo), self.lo, self.hi - 0.2)
+        lo = self.floor
         span = np.maximum(self.hi - lo, 1e-12)
         return float(np.mean(np.clip((self.hi - need) / span, 0.0, 1.0)))
 
@@ -143,8 +149,7 @@ def oom_sure(fit: OOMFit | None, cands: Any) -> np.ndarray:
         return np.ones(mem.shape, dtype=bool)
     n = np.asarray(cands.draft, dtype=float)
     need = mem[:, None] + fit.beta[None, :] * n[:, None]
-    lo = np.where(np.isfinite(fit.lo), fit.lo, fit.hi - 0.2)
-    return np.all(need <= lo[None, :] + 1e-9, axis=1)
+    return np.all(need <= fit.floor[None, :] + 1e-9, axis=1)
 
 
 def fit_oom_running(obs: Sequence[TrialObs], running: Sequence[TrialObs],
