@@ -4,6 +4,7 @@
     python3 scripts/device/gpu_search.py [--experiment experiments/llamacpp-gpu.toml]
         [--gpus-per-trial N] [--max-concurrent N|auto] [--max-trials N] [--wait S]
         [--no-check] [--retry | --restart] [--models DIR | --models-back [CHUNKS]]
+        [--resume-run TAR]
         [-- ARGS FOR specdecode_tune.search]
 
 The same command every call; only what the call carries changes (build/gpu-payload/part1, then
@@ -104,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --record: continue this recorded table (a path in the "
                          "repository, e.g. benchmarks/data/sglang-gpu-h100.parquet, brought "
                          "back by an earlier session) instead of starting an empty one")
+    ap.add_argument("--resume-run", default=None, metavar="TAR",
+                    help="go on with a search an earlier session began: the results.tar.gz it "
+                         "brought back, as a path in the working tree (e.g. "
+                         "build/resume/results.tar.gz), carried once before the pipeline "
+                         "starts; its run dir is unpacked where the search resumes it")
     ap.add_argument("--readings", default=None, metavar="ARGS",
                     help="before the search, hold the backend's readings against the live "
                          "server: scripts/device/engine_readings.py with these arguments (one "
@@ -142,6 +148,9 @@ def call(args: argparse.Namespace, work: Work) -> int:
             "no such file in the repository (give the recorded table's path from its root, "
             "committed or not, e.g. benchmarks/data/sglang-gpu-h100.parquet)"))
         return 2
+    if args.resume_run and args.record:
+        say("--resume-run: a search's run dir; a landscape goes on with --record-onto")
+        return 2
     gpus = base.gpus_here()
     say(f"machine: {len(gpus)} GPU(s) {gpus[:1]}, {os.cpu_count()} cores, python "
         f"{sys.version.split()[0]}; work dir {work.root}")
@@ -160,7 +169,8 @@ def call(args: argparse.Namespace, work: Work) -> int:
     models.sharegpt_site(work, manifest)
     plan = planning.settle_plan(args, work, len(gpus))
     start_jobs(work, plan, manifest)
-    if staging.missing_parts(work, manifest):
+    resumed = planning.resume_run(args, work, plan)
+    if staging.missing_parts(work, manifest) or not resumed:
         return carry_next(parts_to_carry(work, manifest, args))
     if not work.read("installed.json") and not install.install(work, manifest):
         return 1
@@ -200,7 +210,8 @@ def parts_to_carry(work: Work, manifest: dict | None, args: argparse.Namespace) 
         return [*models.model_parts_to_carry(work),
                 f"{(args.payload or staging.PAYLOAD_DIRS)[0]}/part1"]
     src = manifest.get("carried_from", staging.PAYLOAD_DIRS[0])
-    return [*models.model_parts_to_carry(work),
+    resume = [args.resume_run] if args.resume_run and not work.read(planning.RESUMED) else []
+    return [*resume, *models.model_parts_to_carry(work),
             *(f"{src}/part{i}" for i in staging.missing_parts(work, manifest))]
 
 

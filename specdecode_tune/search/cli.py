@@ -49,7 +49,14 @@ from .preflight import RunPlan, plan_run
 from .progress import say
 from .ray_cluster import check_gpus, dashboard_lines, start_ray
 from .summary import print_summary, stopped_early
-from .tuner import build_tuner, can_resume, keep_experiment, move_aside, run_settings
+from .tuner import (
+    build_tuner,
+    can_resume,
+    keep_experiment,
+    move_aside,
+    moved_from,
+    run_settings,
+)
 from .validate import run_validation
 
 DEFAULT_EXPERIMENT = "experiments/sim-default.toml"
@@ -172,6 +179,11 @@ def _plan(args: argparse.Namespace) -> tuple[RunPlan, bool, str | None]:
     exists = can_resume(plan) if not args.fresh else False
     if args.resume and not exists:
         raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
+    began = moved_from(plan) if exists else None
+    if began:
+        raise ConfigError(f"the run {plan.run_dir} was started at {began}, and a search goes "
+                          f"on writing where it began (Tune's checkpoints, the Optuna journal): "
+                          f"resume it from there (move it back), or start anew with --fresh")
     # An edited experiment must not go on with the old one's results (changes.py).
     differs = None if args.fresh else changes.check(exp, plan.run_dir)
     return plan, exists, differs

@@ -53,6 +53,21 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
     return dict(found) if isinstance(found, dict) else {}
 
 
+def experiment_path(plan: RunPlan) -> str:
+    """Where Tune keeps the run: the storage (made absolute) and the run's name."""
+    storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
+    return f"{storage_path.rstrip('/')}/{plan.name}"
+
+
+def moved_from(plan: RunPlan) -> str | None:
+    """Where a run that was moved or copied began (None: it is where it began, or it was
+    started before runs recorded their place). A restored run goes on writing where it began:
+    Tune puts its trials' checkpoints there and the searcher's Optuna journal is the one at that
+    path (both pickled with it), while the tables would go here: two halves of one run."""
+    began = run_settings(plan).get("path")
+    return str(began) if began and began != experiment_path(plan) else None
+
+
 def can_resume(plan: RunPlan) -> bool:
     """Whether the run dir holds a Tune experiment to resume."""
     from ray import tune
@@ -80,7 +95,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
                              local_dir=str(plan.local_dir)),
         {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial})
     storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
-    exp_path = f"{storage_path.rstrip('/')}/{plan.name}"
+    exp_path = experiment_path(plan)
     if resume:
         try:
             return tune.Tuner.restore(exp_path, trainable=fn, resume_unfinished=True,
@@ -107,7 +122,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
     # What a resume keeps (the searcher holds it): said when a resume is given other values.
     optuna_search.study().set_user_attr(RUN_ATTR, {
         "sampler": sampler_name, "seed": seed, "max_trials": max_trials,
-        "max_concurrent": s.max_concurrent})
+        "max_concurrent": s.max_concurrent, "path": exp_path})
     optuna_search.study().set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=baseline, weights=exp.level_weights(), facts=baseline_facts(plan.run_dir),
         request_tokens=request_tokens(exp)))

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -190,3 +191,46 @@ def settle_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
         f"{plan['gpus_per_trial']} GPU(s) per trial, {plan['max_concurrent']} at a time, "
         f"backend {plan['backend']}")
     return plan
+
+
+# --resume-run: what this machine unpacked (the carried tarball, its run dir, its trials).
+RESUMED = "resumed.json"
+
+
+def resume_run(args: argparse.Namespace, work: Work, plan: dict) -> bool:
+    """--resume-run TAR: unpack the run dir of an earlier session's results.tar.gz into
+    work/runs, where the search's --storage finds it and resumes it (a machine given back keeps
+    nothing, so a search longer than one session's device time goes on in the next one).
+    True when there is nothing (more) to do; False while TAR is still to be carried."""
+    if not args.resume_run or work.read(RESUMED):
+        return True
+    run_dir = Path(plan["run_dir"])
+    if base.pipeline_state(work) != "none":
+        say(f"--resume-run: the pipeline already started on this machine; its run dir "
+            f"{run_dir} is kept")
+        return True
+    src = REPO / args.resume_run
+    if not src.is_file():
+        return False
+    if run_dir.exists():
+        raise refuse(f"--resume-run {args.resume_run}: this machine already has a run dir "
+                     f"{run_dir}; nothing is unpacked over it (--restart starts it anew)")
+    prefix = f"{run_dir.name}/"
+    with tarfile.open(src, "r:*") as t:
+        members = [m for m in t.getmembers() if m.name.startswith(prefix)]
+        if not members:
+            names = sorted({m.name.split("/")[0] for m in t.getmembers()} - {"device"})
+            raise refuse(f"--resume-run {args.resume_run}: holds no run dir {run_dir.name!r} "
+                         f"(the experiment's name; it holds {', '.join(names) or 'none'}): "
+                         f"give the results.tar.gz of a search of this experiment")
+        tmp = work.runs / f".{run_dir.name}.resume"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t.extractall(tmp, members=members, filter="data")
+    os.replace(tmp / run_dir.name, run_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    trials = sum(1 for p in run_dir.iterdir() if (p / "params.json").is_file())
+    work.write(RESUMED, {"tar": args.resume_run, "files": len(members), "trial_dirs": trials})
+    say(f"--resume-run: unpacked {run_dir.name} ({len(members)} files, {trials} trial dir(s)) "
+        f"from {args.resume_run}: the search resumes it")
+    return True
+

@@ -123,3 +123,58 @@ def test_a_recording_continues_the_table_an_earlier_session_brought_back(tmp_pat
     assert plan["run_dir"] == argv[argv.index("--run-dir") + 1] == str(work.runs / "landscape")
     for bad in (_args(record_onto=table), _args(record=True, record_onto="no/such.parquet")):
         assert gs.call(bad, gs.Work(tmp_path / "other")) == 2
+
+
+def _results_tar(path: Path, run_name: str, trials: int) -> None:
+    """A results.tar.gz as the route brings it back: the run dir under its name, device/ beside."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        def add(name: str, text: str) -> None:
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        add(f"{run_name}/experiment.toml", "name = 'x'\n")
+        add(f"{run_name}/optuna.journal", "{}\n")
+        for i in range(trials):
+            add(f"{run_name}/t{i}_steps=3/params.json", "{}\n")
+        add("device/pipeline.log", "search: start\n")
+
+
+# A payload of one file in one chunk (part 1), none of it staged.
+MANIFEST = {"files": [{"name": "a.whl", "chunks": [{"file": "a.whl.000", "part": 1}]}]}
+
+
+def test_a_search_goes_on_from_the_run_dir_an_earlier_session_brought_back(tmp_path):
+    """--resume-run: the carried results.tar.gz's run dir is unpacked where the search's
+    --storage finds it (and resumes it); until it is carried, NEXT names it first; a machine
+    that already has the run keeps it; the wrong experiment's tarball is refused."""
+    import pytest
+
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    tar = tmp_path / "results.tar.gz"
+    args = _args(resume_run=str(tar), payload=[])
+    plan = gs.planning.make_plan(args, work, 1)
+    assert gs.planning.resume_run(args, work, plan) is False          # not carried yet
+    assert gs.parts_to_carry(work, MANIFEST, args)[0] == str(tar)
+    _results_tar(tar, "sglang-gpu", trials=2)
+    assert gs.planning.resume_run(args, work, plan) is True
+    run_dir = Path(plan["run_dir"])
+    assert run_dir == work.runs / "sglang-gpu"
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "experiment.toml", "optuna.journal", "t0_steps=3", "t1_steps=3"]
+    assert not (work.runs / "device").exists()
+    assert work.read(gs.planning.RESUMED)["trial_dirs"] == 2
+    assert str(tar) not in gs.parts_to_carry(work, MANIFEST, args)
+    # Once unpacked, later calls (the tarball no longer carried) do nothing more.
+    tar.unlink()
+    assert gs.planning.resume_run(args, work, plan) is True
+
+    other = gs.Work(tmp_path / "other")
+    _results_tar(tar, "vllm-gpu", trials=1)
+    with pytest.raises(SystemExit):
+        gs.planning.resume_run(args, other, gs.planning.make_plan(args, other, 1))
+    assert not (other.runs / "sglang-gpu").exists()

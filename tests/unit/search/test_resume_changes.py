@@ -230,3 +230,55 @@ def test_a_run_saved_by_the_old_layout_asks_for_fresh_in_one_line(
         build_tuner(plan, [], "hybrid", 0, 4, resume=True)
     line = str(e.value)
     assert "\n" not in line and "older specdecode_tune" in line and "--fresh" in line
+
+
+def journal_with_path(run_dir: Path, path: str) -> None:
+    """The run's Optuna journal, its settings saying where the run began (as build_tuner
+    writes them)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from specdecode_tune.search.tuner import RUN_ATTR
+    from specdecode_tune.store import rundir
+
+    storage = JournalStorage(JournalFileBackend(str(rundir.journal_file(run_dir))))
+    study = optuna.create_study(study_name=run_dir.name, storage=storage, direction="maximize")
+    study.set_user_attr(RUN_ATTR, {"sampler": "tpe", "seed": 0, "max_trials": 4,
+                                   "max_concurrent": 2, "path": path})
+
+
+def test_a_moved_run_is_refused_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A run dir copied from elsewhere (another machine's /tmp, a renamed folder): restored,
+    Tune's checkpoints and the Optuna journal would go on being written where it began (seen
+    on 2026-12-07: the journal at the old place grew, the copy's did not). One line, exit 2,
+    before Ray; the same run where it began goes on (up to Ray's start)."""
+    import ray
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise Stop("stopped where Ray would start")
+
+    monkeypatch.setattr(ray, "init", stop)
+    monkeypatch.setattr(search_cli, "can_resume", lambda plan: True)
+    run_dir, path = started_run(tmp_path, SMALL)
+    storage = tmp_path / "runs"
+    journal_with_path(Path(run_dir), "/elsewhere/runs/sim-small")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code = search_cli.main(["--experiment", str(path), "--storage", str(storage)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"error: the run {run_dir} was started at /elsewhere/runs/sim-small" in err, err
+    assert "move it back" in err and "--fresh" in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+    here = tmp_path / "here"
+    run_here, _ = started_run(here, SMALL)
+    journal_with_path(Path(run_here), str((here / "runs" / "sim-small").absolute()))
+    code = search_cli.main(["--experiment", str(path), "--storage", str(here / "runs")])
+    out, err = capsys.readouterr()
+    assert "was started at" not in err, err
+    assert code == 2 and "could not start or join Ray: stopped where Ray" in err, err
