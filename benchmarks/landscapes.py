@@ -160,6 +160,24 @@ def _space(axes: Sequence[tuple[str, Sequence[Any]]]) -> tuple[ParamSpec, ...]:
     return tuple(specs)
 
 
+def _on_grid(point: dict[str, Any], axes: Sequence[tuple[str, Sequence[Any]]]
+             ) -> dict[str, Any]:
+    """An enqueued point of the recorded experiment, on the recorded grid: each value the
+    nearest recorded one (ties to the larger; steps 0, the baseline, is not a point), what the
+    grid does not vary left out. The experiment searched a wider space (sglang-gpu's first
+    point, steps 3 at memory 0.006, is not on its landscape's grid of steps 2-8 at 0.0045);
+    the search refuses an enqueued point outside its space, and so would the replay."""
+    values = {n: [v for v in vals if not (n == STEPS and v == 0)] for n, vals in axes}
+    out: dict[str, Any] = {}
+    for name, v in point.items():
+        vals = values.get(name)
+        if not vals:
+            continue
+        out[name] = v if v in vals else max(
+            vals, key=lambda x: (-abs(float(x) - float(v)), float(x)))
+    return out
+
+
 def _boot(rows: Sequence[dict[str, Any]], per_position: bool = False) -> Boot:
     """One recorded boot. `per_position`: the table's histograms are per-position counts (format
     1 from vLLM or llama.cpp), given to the samplers in SGLang's form, as a search's are."""
@@ -197,7 +215,8 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
     axes = tuple((str(n), tuple(v)) for n, v in meta["axes"])
     exp = experiment_from_dict(meta["experiment"], where=f"{path} (metadata)")
     exp = dataclasses.replace(exp, space=_space(axes), search=dataclasses.replace(
-        exp.search, max_trials=max(max_trials, exp.search.max_trials)))
+        exp.search, max_trials=max(max_trials, exp.search.max_trials),
+        enqueue=tuple(_on_grid(p, axes) for p in exp.search.enqueue)))
     names = [n for n, _ in axes]
     by_boot: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in pq.read_table(path).to_pylist():

@@ -150,10 +150,15 @@ def ours(land: Land, seeds: int) -> dict[str, Any]:
 def whole_recorded(land: Land, seed: int) -> Any:
     """The whole default search (`whole_search.drive`, as `whole_search.run_whole`) on a
     recorded table, each boot one recorded repeat: its pick."""
+    return whole_recorded_drive(land, seed)[0]
+
+
+def whole_recorded_drive(land: Land, seed: int) -> tuple[Any, Any]:
+    """`whole_recorded`'s pick, and the search (`whole_search.Drive`: boots, the searcher)."""
     import whole_search
 
     from specdecode_tune.samplers import baseline_attr, measured_attr
-    from specdecode_tune.space import resolve
+    from specdecode_tune.space import invalid_reason, resolve
 
     lnd = land.land
     exp = lnd.exp
@@ -171,6 +176,10 @@ def whole_recorded(land: Land, seed: int) -> Any:
     def boot(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any], str | None]:
         params = params_of(cfg)
         key = lnd.key_of(params)
+        if key is None:       # the draft tree cannot hold it: the trial refuses it unbooted
+            why = invalid_reason(params) or "not a point the server runs"
+            return None, measured_attr(status=whole_search.PRUNED, params=params,
+                                       reason=why), why
         nth[key] = nth.get(key, -1) + 1
         b = lnd.draw(key, seed, nth[key])
         value = lnd.score_of(b.tok_s, base_boot.tok_s) if b.measured else None
@@ -180,9 +189,10 @@ def whole_recorded(land: Land, seed: int) -> Any:
                               params=params, reason=b.reason or "no level measured"))
         return value, attr, b.reason
 
-    searcher = whole_search.drive(exp, seed, baseline, boot, band=L.noise_band(lnd)).searcher
-    ranked = searcher.ranking()
-    return lnd.key_of(params_of(searcher.configs[ranked[0][0]])) if ranked else None
+    drive = whole_search.drive(exp, seed, baseline, boot, band=L.noise_band(lnd))
+    ranked = drive.searcher.ranking()
+    pick = lnd.key_of(params_of(drive.searcher.configs[ranked[0][0]])) if ranked else None
+    return pick, drive
 
 
 # ------------------------------------------------------------------------------ vllm-tuner

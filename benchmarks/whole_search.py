@@ -51,6 +51,9 @@ from specdecode_tune.search.stopping import KVGate, StopRule  # noqa: E402
 from specdecode_tune.space import DefineByRun, resolve  # noqa: E402
 
 TARGET_BOOTS = 12
+# A boot's status for a point the rules refuse before a boot (`space.invalid_reason`: a draft
+# tree too small for its draft tokens), as `trial.run_trial` reports it: no boot is counted.
+PRUNED = "pruned"
 
 
 class Drive(NamedTuple):
@@ -63,7 +66,8 @@ class Drive(NamedTuple):
 
 
 # A boot: the config as the searcher proposed it -> (its score or None where refused or
-# failed, its `measured` attr, the reason it was not scored).
+# failed, its `measured` attr, the reason it was not scored). An attr whose status is PRUNED
+# was answered without a boot.
 Boot = Callable[[dict[str, Any]], tuple[float | None, dict[str, Any], str | None]]
 
 
@@ -103,10 +107,12 @@ def drive(exp: Any, seed: int, baseline: dict[str, Any], boot: Boot, *, band: fl
             break
         tid, cfg = live.pop(0)
         score, attr, reason = boot(cfg)
+        status = "ok" if score is not None else str(attr.get("status") or "infeasible")
+        if status == PRUNED:
+            boots -= 1          # a point the rules refuse: the trial answers it without a boot
         searcher.on_trial_complete(tid, {
             "score": INFEASIBLE_SCORE if score is None else score,
-            "feasible": score is not None,
-            "status": "ok" if score is not None else "infeasible",
+            "feasible": score is not None, "status": status,
             "reason": reason, MEASURED_KEY: json.dumps(attr)})
     return Drive(searcher, inner, boots)
 

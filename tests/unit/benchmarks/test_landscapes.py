@@ -537,3 +537,36 @@ def test_contenders_take_a_fraction(rec: ModuleType, tmp_path: Path,
     assert "--contenders 5: a fraction of the best score, between 0 and 1" in \
         capsys.readouterr().err
     assert not (tmp_path / "t.parquet").exists()
+
+
+def test_an_enqueued_point_off_the_recorded_grid_is_replayed_at_its_nearest_grid_point() -> None:
+    """sglang-gpu enqueues steps 3 / topk 1 at memory 0.006; its landscape's grid is steps
+    2-8 by twos at 0.0045. The whole search's replay crashed on it ("'3' not in (2, 4, 6, 8)"):
+    the search itself refuses an enqueued point outside its space."""
+    L = _load("landscapes")
+    axes = [(STEPS, (0, 2, 4, 6, 8)), ("speculative_eagle_topk", (1, 2, 4)),
+            ("mem_fraction_static", (0.0045,))]
+    assert L._on_grid({STEPS: 3, "speculative_eagle_topk": 1, "mem_fraction_static": 0.006},
+                      axes) == {STEPS: 4, "speculative_eagle_topk": 1,
+                                "mem_fraction_static": 0.0045}
+    assert L._on_grid({STEPS: 1, "speculative_num_draft_tokens": 9}, axes) == {STEPS: 2}
+    assert L._on_grid({STEPS: 6}, axes) == {STEPS: 6}
+
+
+def test_the_whole_search_replays_on_sglangs_landscape_and_counts_no_boot_for_a_refused_tree(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded SGLang table (benchmarks/data/sglang-gpu-h100.parquet): steps 2-8 by twos,
+    where a proposal like steps 2 / topk 2 / 8 draft tokens is no point the server runs (the
+    tree holds 7). The trial refuses it before a boot (`trial.run_trial`: "pruned"); the replay
+    crashed on it (KeyError: None) and would have counted it as a boot."""
+    L = _load("landscapes")
+    peers = _load("peers")
+    draws = []
+    real = L.Landscape.draw
+    monkeypatch.setattr(L.Landscape, "draw",
+                        lambda self, key, seed, nth: draws.append(key) or real(self, key, seed,
+                                                                              nth))
+    land = peers.Land(str(Path(L.DATA) / "sglang-gpu-h100.parquet"))
+    pick, drive = peers.whole_recorded_drive(land, 0)
+    assert drive.boots == 1 + len(draws)            # the baseline, then one draw a boot
+    assert pick in land.tied
