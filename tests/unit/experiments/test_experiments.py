@@ -313,3 +313,22 @@ def test_the_chat_prompts_are_a_small_mixed_set() -> None:
     assert all(c["messages"][-1]["role"] == "user" for c in chats)
     assert any(sum(m["role"] == "user" for m in c["messages"]) > 1 for c in chats)  # multi-turn
     assert any("```" in c["messages"][-1]["content"] for c in chats)   # code in the prompt
+
+
+def test_sglang_gpu_grid_searches_exactly_the_recorded_landscape_s_grid() -> None:
+    """sglang-gpu-grid's pick is held against benchmarks/data/sglang-gpu-h100.parquet: its space
+    is that table's grid (steps 0 is the baseline, measured first), everything else is
+    sglang-gpu's, and its first point is the one the replay starts from."""
+    import pyarrow.parquet as pq
+
+    table = REPO / "benchmarks" / "data" / "sglang-gpu-h100.parquet"
+    meta = json.loads(pq.read_schema(table).metadata[b"landscape"])
+    grid, sg = load("sglang-gpu-grid"), load("sglang-gpu")
+    axes = {name: tuple(v for v in vals if not (name == "speculative_num_steps" and v == 0))
+            for name, vals in meta["axes"]}
+    assert {s.name: s.choices for s in grid.space} == axes
+    assert all(s.type == "categorical" for s in grid.space)
+    assert (grid.backend, grid.workload, grid.measure, grid.objective) == (
+        sg.backend, sg.workload, sg.measure, sg.objective)
+    assert grid.search.enqueue == ({"speculative_num_steps": 4, "speculative_eagle_topk": 1,
+                                    "mem_fraction_static": 0.0045},)
