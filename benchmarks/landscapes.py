@@ -95,6 +95,8 @@ class Landscape:
     optimum: Key
     best: float
     meta: dict[str, Any]
+    # The mean KV tokens of one request, as the search gives its model (`request_tokens`).
+    request_tokens: float | None = None
 
     @property
     def threshold(self) -> float:
@@ -257,7 +259,19 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
     optimum = max(scores, key=lambda k: scores[k])
     return Landscape(str(meta.get("name", Path(path).stem)), exp, axes, tuple(baseline),
                      {k: tuple(v) for k, v in points.items()}, base_mean, scores, optimum,
-                     scores[optimum], meta)
+                     scores[optimum], meta, request_tokens(exp))
+
+
+def request_tokens(exp: Experiment) -> float:
+    """The mean KV tokens of one request, as the search gives its model
+    (`search.tuner.request_tokens`): a ShareGPT workload's sample mean, ~267 tokens for
+    sglang-gpu, not its caps (256 + 256: the replay used them until 2026-12-07, and the model
+    then ran 25 requests at C=64 where SGLang ran 42-44)."""
+    from specdecode_tune.search.tuner import request_tokens as searched
+
+    found = searched(exp)
+    return found if found is not None else \
+        _mean_length(exp.workload.input_len) + _mean_length(exp.workload.output_len)
 
 
 @lru_cache(maxsize=16)
@@ -313,8 +327,7 @@ def run_search(land: Landscape, sampler_name: str, seed: int, budget: int,
     base = base_boot.tok_s
     study.set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=list(base_boot.levels), weights=exp.level_weights(), facts=base_boot.facts,
-        request_tokens=_mean_length(exp.workload.input_len)
-        + _mean_length(exp.workload.output_len)))
+        request_tokens=land.request_tokens))
     study.set_user_attr(NOISE_BAND_ATTR, noise_band(land))
     space = DefineByRun(exp.space, exp.backend.flags)
     known: dict[Key, float | None] = {}

@@ -165,8 +165,7 @@ def whole_recorded_drive(land: Land, seed: int) -> tuple[Any, Any]:
     base_boot = lnd.draw_baseline(seed)
     baseline = baseline_attr(
         levels=list(base_boot.levels), weights=exp.level_weights(), facts=base_boot.facts,
-        request_tokens=se.mean_length(exp.workload.input_len)
-        + se.mean_length(exp.workload.output_len))
+        request_tokens=lnd.request_tokens)
     nth: dict[Any, int] = {}
 
     def params_of(cfg: dict[str, Any]) -> dict[str, Any]:

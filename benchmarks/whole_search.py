@@ -190,8 +190,7 @@ def recorded_errors(path: str, seed: int, budget: int = 12) -> list[float]:
     base_boot = land.draw_baseline(seed)
     study.set_user_attr(BASELINE_ATTR, baseline_attr(
         levels=list(base_boot.levels), weights=exp.level_weights(), facts=base_boot.facts,
-        request_tokens=se.mean_length(exp.workload.input_len)
-        + se.mean_length(exp.workload.output_len)))
+        request_tokens=land.request_tokens))
     study.set_user_attr(NOISE_BAND_ATTR, landscapes.noise_band(land))
     space = DefineByRun(exp.space, exp.backend.flags)
     nth: dict[Any, int] = {}

@@ -570,3 +570,16 @@ def test_the_whole_search_replays_on_sglangs_landscape_and_counts_no_boot_for_a_
     pick, drive = peers.whole_recorded_drive(land, 0)
     assert drive.boots == 1 + len(draws)            # the baseline, then one draw a boot
     assert pick in land.tied
+
+
+def test_the_replay_gives_the_model_the_request_tokens_the_search_gives_it() -> None:
+    """sglang-gpu's ShareGPT workload: the search's model reads a request's KV tokens from its
+    sample (`search.tuner.request_tokens`, ~267), not the caps (256 + 256): with the caps the
+    model ran 25 requests at C=64 where SGLang ran 42-44, and its fit error (19-23%) kept the
+    replayed search from ever stopping by itself."""
+    from specdecode_tune.search.tuner import request_tokens
+
+    L = _load("landscapes")
+    land = L.load_landscape(Path(L.DATA) / "sglang-gpu-h100.parquet")
+    assert land.request_tokens == pytest.approx(request_tokens(land.exp))
+    assert 150 < land.request_tokens < 400
