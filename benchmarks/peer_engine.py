@@ -141,6 +141,12 @@ class Replay:
                 snapped[n] = (asked, served)
             point[n] = served
         if self.recorded:
+            if peer_argv.TOPK in point:
+                # A recorded EAGLE table keys each point as the server runs it: topk 1 at
+                # steps + 1 draft tokens, whatever was asked; a tree too small for its draft
+                # tokens is left as asked (no recorded point: refused at boot).
+                from specdecode_tune.space import as_served
+                point = as_served(point) or point
             return tuple(point[n] for n in self.names), snapped
         se = self.se
         from specdecode_tune.space import resolve

@@ -96,6 +96,9 @@ class Land:
             self.best = self.truth.best
             self.tied = set()
         self.values = self.replay0.values
+        # EAGLE's axes (topk, draft tokens): a simulator profile, or a recorded EAGLE table
+        # (SGLang's); the other recorded tables are n-gram engines' (steps, an n-gram size).
+        self.eagle = peer_argv.TOPK in self.values
 
     @property
     def label(self) -> str:
@@ -201,7 +204,7 @@ def tuner_space(land: Land) -> tuple[list[dict[str, Any]], dict[str, Any], list[
     """(vllm-tuner's `parameters`, its static_parameters, what it cannot express)."""
     steps = list(land.values[peer_argv.STEPS])
     missing = []
-    if land.recorded:
+    if land.recorded and not land.eagle:
         ns = list(land.values.get(peer_argv.NGRAM_N, [None]))
         flags = land.land.exp.backend.flags
         opts = []
@@ -217,15 +220,20 @@ def tuner_space(land: Land) -> tuple[list[dict[str, Any]], dict[str, Any], list[
             missing.append("a llama.cpp server (vLLM's ngram method and prompt_lookup_max "
                            "stand for llama.cpp's ngram-simple draft and its n)")
         return params, {}, missing
-    exp = land.truth.exp
+    exp = land.land.exp if land.recorded else land.truth.exp
     opts = [json.dumps({"method": "eagle3", "model": exp.backend.draft_model_path,
                         "num_speculative_tokens": k}) for k in steps]
     mem = {s.name: s for s in exp.space}[peer_argv.MEM]
     missing.append("topk and draft tokens (vLLM's EAGLE drafts a chain: topk 1, draft = "
                    "steps + 1)")
-    return ([{"name": "speculative_config", "options": opts},
-             {"name": "gpu_memory_utilization", "min": mem.low, "max": mem.high,
-              "step": mem.step}], {}, missing)
+    params: list[dict[str, Any]] = [{"name": "speculative_config", "options": opts}]
+    if mem.type != "categorical":
+        params.append({"name": "gpu_memory_utilization", "min": mem.low, "max": mem.high,
+                       "step": mem.step})
+    elif len(mem.choices) > 1:        # a recorded grid's values (vllm-tuner's options: str)
+        params.append({"name": "gpu_memory_utilization",
+                       "options": [str(v) for v in mem.choices]})
+    return params, {}, missing
 
 
 def run_tuner(land: Land, seed: int, work: Path) -> dict[str, Any]:
@@ -330,7 +338,7 @@ def bench_speculative_boots(land: Land, optimum_first: bool = False
     order (`optimum_first`: the run with the optimum's value first, the user's best luck)."""
     levels = land.levels
     steps = [0, *land.values[peer_argv.STEPS]]
-    if land.recorded:
+    if land.recorded and not land.eagle:
         reruns = [{peer_argv.NGRAM_N: n} for n in land.values.get(peer_argv.NGRAM_N, [])] or [{}]
         topks, drafts = [0, 1], None
     else:
@@ -386,10 +394,11 @@ def bench_speculative(land: Land, seeds: int) -> dict[str, Any]:
             all(c in base for c in land.levels) else None
         picks.append(land.at(pick))
     n = sum(1 for _, s in order if s[peer_argv.STEPS])
-    missing = ([] if not land.recorded else ["topk and draft tokens (EAGLE's) on an n-gram "
-                                             "engine: topk 1, draft steps+1"])
+    n_gram = land.recorded and not land.eagle
+    missing = ([] if not n_gram else ["topk and draft tokens (EAGLE's) on an n-gram engine: "
+                                      "topk 1, draft steps+1"])
     if first != hits[0]:
-        what = "memory fraction" if not land.recorded else "n-gram size"
+        what = "memory fraction" if not n_gram else "n-gram size"
         missing.append(f"a sweep of the {what} (one script run per value, ascending; {n} "
                        f"boots in all): with the optimum's value run first it boots a 98% "
                        f"point at boot {first}")
@@ -430,7 +439,7 @@ def tune_k(land: Land, seeds: int) -> dict[str, Any]:
         fixed[peer_argv.NGRAM_N] = peer_argv.VLLM_NGRAM_DEFAULT
         missing.append("the n-gram size (its sweep groups by K alone: vLLM's default "
                        "prompt_lookup_max, the nearest recorded n)")
-    if not land.recorded:
+    if land.eagle:
         fixed[peer_argv.MEM] = peer_argv.VLLM_MEM_DEFAULT
         missing.append("topk, draft tokens (chain: topk 1) and the memory fraction (its sweep "
                        "groups by K alone: vLLM's default 0.9)")

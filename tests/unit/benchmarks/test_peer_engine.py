@@ -190,3 +190,27 @@ def test_vllm_tuner_search_code_boots_through_the_replay(tmp_path: Path) -> None
     assert len(r["boots"]) == 3 and all(b["key"][0] in ks for b in r["boots"])
     assert r["best"]["key"] in [b["key"] for b in r["boots"]]
     assert r["best"]["value"] == max(b["at"] for b in r["boots"])
+
+
+def test_a_recorded_eagle_table_serves_a_chain_at_steps_plus_one_and_peers_see_its_axes() -> None:
+    """SGLang's recorded table keys topk 1 at steps + 1 draft tokens (as the server runs it).
+    The replay used to snap a chain's draft tokens to the grid's 8 or 16, a point never
+    recorded, so every chain a peer booted read "not on the recorded grid" and every peer's
+    pick scored 0%; and the peers took the table for an n-gram engine's."""
+    pe, peers = _load("peer_engine"), _load("peers")
+    table = str(Path(__file__).resolve().parents[3] / "benchmarks" / "data"
+                / "sglang-gpu-h100.parquet")
+    replay = pe.Replay(table, 0)
+    served = replay.boot({"speculative_num_steps": 6, "speculative_eagle_topk": 1,
+                          "speculative_num_draft_tokens": 7, "mem_fraction_static": 0.9})
+    assert served.key == (6, 1, 7, 0.0045) and served.ok
+    assert replay.boot({"speculative_num_steps": 2, "speculative_eagle_topk": 2,
+                        "speculative_num_draft_tokens": 16}).status == "infeasible"
+    land = peers.Land(table)
+    assert land.eagle
+    params, _, missing = peers.tuner_space(land)
+    assert [p["name"] for p in params] == ["speculative_config"]   # one memory value: its own
+    assert all(json.loads(o)["method"] == "eagle3" for o in params[0]["options"])
+    boots = peers.bench_speculative_boots(land)
+    assert {s.get("speculative_eagle_topk") for _, s in boots if s["speculative_num_steps"]} \
+        == {1, 2, 4}
