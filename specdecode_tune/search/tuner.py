@@ -65,7 +65,13 @@ def moved_from(plan: RunPlan) -> str | None:
     Tune puts its trials' checkpoints there and the searcher's Optuna journal is the one at that
     path (both pickled with it), while the tables would go here: two halves of one run."""
     began = run_settings(plan).get("path")
-    return str(began) if began and began != experiment_path(plan) else None
+    if not began:
+        return None
+    here = experiment_path(plan)
+    if not plan.is_uri:     # the same folder by another spelling (.., a symlink) is no move
+        began_at, here = os.path.realpath(str(began)), os.path.realpath(here)
+        return str(began) if began_at != here else None
+    return str(began) if began != here else None
 
 
 def can_resume(plan: RunPlan) -> bool:

@@ -282,3 +282,28 @@ def test_a_moved_run_is_refused_before_anything_starts(
     out, err = capsys.readouterr()
     assert "was started at" not in err, err
     assert code == 2 and "could not start or join Ray: stopped where Ray" in err, err
+
+
+def test_the_same_run_by_another_spelling_is_not_a_moved_one(tmp_path: Path) -> None:
+    """--storage given as a relative path from elsewhere, with `..`, or through a symlink names
+    the folder the run began in: no refusal."""
+    from specdecode_tune.search.preflight import plan_run
+    from specdecode_tune.search.tuner import moved_from
+
+    run_dir, path = started_run(tmp_path, SMALL)
+    journal_with_path(Path(run_dir), str((tmp_path / "runs" / "sim-small").absolute()))
+    (tmp_path / "link").symlink_to(tmp_path / "runs")
+    (tmp_path / "sub").mkdir()
+    exp = load_experiment(path)
+    from specdecode_tune.search.tuner import run_settings
+
+    for storage in (tmp_path / "sub" / ".." / "runs", tmp_path / "link"):
+        args = search_cli.build_parser().parse_args(["--storage", str(storage)])
+        plan = plan_run(exp, args)
+        assert run_settings(plan).get("path"), storage       # the journal was read
+        assert moved_from(plan) is None, storage
+    elsewhere = tmp_path / "copy"
+    import shutil
+    shutil.copytree(tmp_path / "runs", elsewhere)
+    args = search_cli.build_parser().parse_args(["--storage", str(elsewhere)])
+    assert moved_from(plan_run(exp, args)) == str((tmp_path / "runs" / "sim-small").absolute())
