@@ -96,9 +96,12 @@ class Land:
             self.best = self.truth.best
             self.tied = set()
         self.values = self.replay0.values
-        # EAGLE's axes (topk, draft tokens): a simulator profile, or a recorded EAGLE table
-        # (SGLang's); the other recorded tables are n-gram engines' (steps, an n-gram size).
-        self.eagle = peer_argv.TOPK in self.values
+        # An EAGLE engine's landscape: a simulator profile, or a recorded EAGLE table (SGLang's,
+        # with topk and draft tokens; vLLM's, a chain: steps and the memory alone); the other
+        # recorded tables are n-gram engines' (steps, an n-gram size).
+        algorithm = str(self.land.exp.backend.speculative_algorithm or "") if self.recorded \
+            else "eagle"
+        self.eagle = peer_argv.TOPK in self.values or "eagle" in algorithm.lower()
 
     @property
     def label(self) -> str:
@@ -342,9 +345,9 @@ def bench_speculative_boots(land: Land, optimum_first: bool = False
         reruns = [{peer_argv.NGRAM_N: n} for n in land.values.get(peer_argv.NGRAM_N, [])] or [{}]
         topks, drafts = [0, 1], None
     else:
-        reruns = [{peer_argv.MEM: m} for m in land.values[peer_argv.MEM]]
-        topks = [0, *land.values[peer_argv.TOPK]]
-        drafts = [0, *land.values[peer_argv.DRAFT]]
+        reruns = [{peer_argv.MEM: m} for m in land.values.get(peer_argv.MEM, [])] or [{}]
+        topks = [0, *land.values.get(peer_argv.TOPK, (1,))]       # a chain engine: topk 1
+        drafts = [0, *land.values[peer_argv.DRAFT]] if peer_argv.DRAFT in land.values else None
     if optimum_first:
         best = max(land.scores, key=lambda k: land.scores[k])
         opt = dict(zip(land.replay0.names, best, strict=True))

@@ -214,3 +214,45 @@ def test_a_recorded_eagle_table_serves_a_chain_at_steps_plus_one_and_peers_see_i
     boots = peers.bench_speculative_boots(land)
     assert {s.get("speculative_eagle_topk") for _, s in boots if s["speculative_num_steps"]} \
         == {1, 2, 4}
+
+
+def test_a_recorded_vllm_eagle_table_is_a_chain_engine_s_to_the_peers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's EAGLE-3 table (issue 33, to come) has steps and the memory, no topk axis: the
+    peers must drive EAGLE-3 on it (not vLLM's n-gram method, as for the n-gram tables), and
+    SGLang's bench_speculative sweeps chains there."""
+    from specdecode_tune.records import LevelSummary, ServerFacts, TrialResult
+
+    rec, peers = _load("record_landscape"), _load("peers")
+    exp = Path(__file__).resolve().parents[3] / "experiments" / "vllm-gpu.toml"
+
+    def lv(c: int, tok: float) -> LevelSummary:
+        return LevelSummary(c, "closed", None, 3.0, 10, 0, int(tok * 3), tok, 1.0,
+                            *([None] * 12), accept_length=2.5)
+
+    def fake_trial(e: object, sampled: dict, ctx: object, **_kw: object) -> TrialResult:
+        steps, mem = int(sampled.get("speculative_num_steps", 0)), sampled.get(
+            "mem_fraction_static", 0.01)
+        tok = 100.0 + 10 * steps + 1000 * float(mem)
+        return TrialResult("t", dict(sampled), "ok", facts=ServerFacts(16384, 64, boot_s=0.5),
+                           levels=tuple(lv(c, tok * c ** 0.5) for c in (1, 16, 64)), wall_s=5.0,
+                           repeat=getattr(ctx, "repeat", 0))
+
+    monkeypatch.setattr(rec, "run_trial", fake_trial)
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda e: "vllm 0.26.0 (test)")
+    monkeypatch.setattr(rec, "model_facts", lambda e: {"name": "target", "bytes": 1})
+    table = tmp_path / "vllm-eagle.parquet"
+    assert rec.main(["--experiment", str(exp), "--axis", "speculative_num_steps=0,1,2,4",
+                     "--axis", "mem_fraction_static=0.0075,0.01", "--repeats", "1",
+                     "--out", str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    land = peers.Land(str(table))
+    assert land.eagle and "speculative_eagle_topk" not in land.values
+    params, _, _ = peers.tuner_space(land)
+    assert {json.loads(o)["method"] for o in params[0]["options"]} == {"eagle3"}
+    assert params[1] == {"name": "gpu_memory_utilization", "options": ["0.0075", "0.01"]}
+    boots = peers.bench_speculative_boots(land)
+    chains = {(s["speculative_num_steps"], s.get("speculative_eagle_topk"),
+               s.get("speculative_num_draft_tokens")) for _, s in boots
+              if s["speculative_num_steps"]}
+    assert chains == {(k, 1, k + 1) for k in (1, 2, 4)}
