@@ -338,7 +338,14 @@ def schedule_json(content: dict[str, Any]) -> str:
 
 
 def schedule_line(data: RunData, s: Schedule) -> str:
-    """'C=1 steps=5, C=16 steps=4, C=64 no speculation' (the chain schedule)."""
+    """'C=1 steps=5, C=16 steps=4, C=64 no speculation' (the chain schedule); where it runs the
+    static config's steps at every level, that said in so many words (a list of the same steps
+    per level read like advice to switch)."""
+    best = data.best
+    steps = int(best.param(STEPS) or 0) if best is not None else 0
+    if s.chain and steps > 0 and best is not None and best.param(TOPK) in (None, 1) \
+            and all(e.steps == steps for e in s.chain):
+        return f"steps={steps} at every level, the static config's own: nothing to switch"
     parts = []
     for e in s.chain or s.entries:
         what = "no speculation" if e.steps == 0 else describe(e.config.params,

@@ -725,3 +725,14 @@ def test_search_closing_table_prints_the_reports_medians(tmp_path: Path,
     assert "C=16 1588.0 tok/s baseline 1000.0 1.59x" in out, out
     md = (tmp_path / "report" / "report.md").read_text()
     assert "2.73x" in md and "1.59x" in md
+
+
+def test_a_schedule_of_the_static_steps_everywhere_says_so(tmp_path: Path) -> None:
+    """The closing line of a run whose best chain at every level is the static config's steps
+    read "Per-level schedule: C=1 steps=4, C=16 steps=4", as if there were something to
+    switch (seen on sim-default, 2026-12-07)."""
+    seed_run(tmp_path)       # steps=5 wins C=1 by +1.8% only: inside the band, steps 4 kept
+    out = write_report(str(tmp_path))
+    line = next(x for x in out.summary_lines if x.startswith("Per-level schedule"))
+    assert line == ("Per-level schedule: steps=4 at every level, the static config's own: "
+                    "nothing to switch.")
