@@ -54,6 +54,7 @@ from specdecode_tune.samplers.model import (
 )
 from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
+from specdecode_tune.search.tuner import request_tokens
 from specdecode_tune.space import STEPS, DefineByRun, ParamSpec, as_served, resolve
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -95,7 +96,10 @@ class Landscape:
     optimum: Key
     best: float
     meta: dict[str, Any]
-    # The mean KV tokens of one request, as the search gives its model (`request_tokens`).
+    # The mean KV tokens of one request, as the search gives its model
+    # (`search.tuner.request_tokens`: a ShareGPT workload's sample mean, ~267 tokens for
+    # sglang-gpu, not its caps, 256 + 256: with the caps, until 2026-12-07, the model ran 25
+    # requests at C=64 where SGLang ran 42-44).
     request_tokens: float | None = None
 
     @property
@@ -262,18 +266,6 @@ def load_landscape(path: str | Path, max_trials: int = DEFAULT_MAX_TRIALS) -> La
                      scores[optimum], meta, request_tokens(exp))
 
 
-def request_tokens(exp: Experiment) -> float:
-    """The mean KV tokens of one request, as the search gives its model
-    (`search.tuner.request_tokens`): a ShareGPT workload's sample mean, ~267 tokens for
-    sglang-gpu, not its caps (256 + 256: the replay used them until 2026-12-07, and the model
-    then ran 25 requests at C=64 where SGLang ran 42-44)."""
-    from specdecode_tune.search.tuner import request_tokens as searched
-
-    found = searched(exp)
-    return found if found is not None else \
-        _mean_length(exp.workload.input_len) + _mean_length(exp.workload.output_len)
-
-
 @lru_cache(maxsize=16)
 def landscape_of(path: str) -> Landscape:
     return load_landscape(path)
@@ -378,10 +370,6 @@ MAX_REFUSED = 1000
 def _tell(study: Any, trial: Any, value: float | None) -> None:
     trial.set_constraint("feasible", 0.0 if value is not None else 1.0)
     study.tell(trial, value if value is not None else INFEASIBLE_SCORE)
-
-
-def _mean_length(length: int | tuple[int, int]) -> float:
-    return sum(length) / 2 if isinstance(length, tuple) else float(length)
 
 
 def grid_order(land: Landscape) -> list[Key]:

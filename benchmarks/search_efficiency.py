@@ -81,6 +81,7 @@ from specdecode_tune.samplers.model import (
 )
 from specdecode_tune.search.sampler_factory import make_sampler
 from specdecode_tune.search.searcher import INFEASIBLE_SCORE, MAX_DUPLICATES
+from specdecode_tune.search.tuner import request_tokens
 from specdecode_tune.sim.model import Facts, Workload, predict, startup
 from specdecode_tune.sim.profile import Profile, load_profile
 from specdecode_tune.space import DRAFT, MEM, STEPS, TOPK, DefineByRun, max_draft_tokens, resolve
@@ -347,7 +348,7 @@ def run_search(truth: Truth, sampler_name: str, seed: int, budget: int) -> list[
         levels=[{"concurrency": c, "output_tok_s": v} for c, v in base.items()],
         weights=exp.level_weights(),
         facts={"max_total_num_tokens": truth.base_kv, "max_running_requests": truth.base_limit},
-        request_tokens=mean_length(exp.workload.input_len) + mean_length(exp.workload.output_len)))
+        request_tokens=request_tokens(exp)))
     study.set_user_attr(NOISE_BAND_ATTR, noise_band(truth))
     space = DefineByRun(exp.space, exp.backend.flags)
     weights = exp.level_weights()

@@ -48,6 +48,7 @@ from specdecode_tune.search.searcher import (  # noqa: E402
     SpecOptunaSearch,
 )
 from specdecode_tune.search.stopping import KVGate, StopRule  # noqa: E402
+from specdecode_tune.search.tuner import request_tokens  # noqa: E402
 from specdecode_tune.space import DefineByRun, resolve  # noqa: E402
 
 TARGET_BOOTS = 12
@@ -126,8 +127,7 @@ def run_whole(profile: str, seed: int, sampler: str = "hybrid") -> dict[str, Any
         levels=[{"concurrency": c, "output_tok_s": v} for c, v in base.items()],
         weights=exp.level_weights(),
         facts={"max_total_num_tokens": truth.base_kv, "max_running_requests": truth.base_limit},
-        request_tokens=se.mean_length(exp.workload.input_len)
-        + se.mean_length(exp.workload.output_len))
+        request_tokens=request_tokens(exp))
     gate = KVGate()
     weights = exp.level_weights()
     refused = 0
