@@ -96,12 +96,11 @@ class Land:
             self.best = self.truth.best
             self.tied = set()
         self.values = self.replay0.values
-        # An EAGLE engine's landscape: a simulator profile, or a recorded EAGLE table (SGLang's,
-        # with topk and draft tokens; vLLM's, a chain: steps and the memory alone); the other
-        # recorded tables are n-gram engines' (steps, an n-gram size).
-        algorithm = str(self.land.exp.backend.speculative_algorithm or "") if self.recorded \
-            else "eagle"
-        self.eagle = peer_argv.TOPK in self.values or "eagle" in algorithm.lower()
+        # An n-gram engine's recorded table (steps, an n-gram size), told by its algorithm;
+        # else EAGLE's: a simulator profile, or a recorded EAGLE table (SGLang's, with topk and
+        # draft tokens; vLLM's, a chain: steps and the memory alone).
+        self.n_gram = self.recorded and "eagle" not in str(
+            self.land.exp.backend.speculative_algorithm or "").lower()
 
     @property
     def label(self) -> str:
@@ -207,7 +206,7 @@ def tuner_space(land: Land) -> tuple[list[dict[str, Any]], dict[str, Any], list[
     """(vllm-tuner's `parameters`, its static_parameters, what it cannot express)."""
     steps = list(land.values[peer_argv.STEPS])
     missing = []
-    if land.recorded and not land.eagle:
+    if land.n_gram:
         ns = list(land.values.get(peer_argv.NGRAM_N, [None]))
         flags = land.land.exp.backend.flags
         opts = []
@@ -341,7 +340,7 @@ def bench_speculative_boots(land: Land, optimum_first: bool = False
     order (`optimum_first`: the run with the optimum's value first, the user's best luck)."""
     levels = land.levels
     steps = [0, *land.values[peer_argv.STEPS]]
-    if land.recorded and not land.eagle:
+    if land.n_gram:
         reruns = [{peer_argv.NGRAM_N: n} for n in land.values.get(peer_argv.NGRAM_N, [])] or [{}]
         topks, drafts = [0, 1], None
     else:
@@ -397,11 +396,10 @@ def bench_speculative(land: Land, seeds: int) -> dict[str, Any]:
             all(c in base for c in land.levels) else None
         picks.append(land.at(pick))
     n = sum(1 for _, s in order if s[peer_argv.STEPS])
-    n_gram = land.recorded and not land.eagle
-    missing = ([] if not n_gram else ["topk and draft tokens (EAGLE's) on an n-gram engine: "
-                                      "topk 1, draft steps+1"])
+    missing = ([] if not land.n_gram else ["topk and draft tokens (EAGLE's) on an n-gram "
+                                           "engine: topk 1, draft steps+1"])
     if first != hits[0]:
-        what = "memory fraction" if not n_gram else "n-gram size"
+        what = "memory fraction" if not land.n_gram else "n-gram size"
         missing.append(f"a sweep of the {what} (one script run per value, ascending; {n} "
                        f"boots in all): with the optimum's value run first it boots a 98% "
                        f"point at boot {first}")
@@ -442,7 +440,7 @@ def tune_k(land: Land, seeds: int) -> dict[str, Any]:
         fixed[peer_argv.NGRAM_N] = peer_argv.VLLM_NGRAM_DEFAULT
         missing.append("the n-gram size (its sweep groups by K alone: vLLM's default "
                        "prompt_lookup_max, the nearest recorded n)")
-    if land.eagle:
+    if not land.n_gram:
         fixed[peer_argv.MEM] = peer_argv.VLLM_MEM_DEFAULT
         missing.append("topk, draft tokens (chain: topk 1) and the memory fraction (its sweep "
                        "groups by K alone: vLLM's default 0.9)")

@@ -207,7 +207,7 @@ def test_a_recorded_eagle_table_serves_a_chain_at_steps_plus_one_and_peers_see_i
     assert replay.boot({"speculative_num_steps": 2, "speculative_eagle_topk": 2,
                         "speculative_num_draft_tokens": 16}).status == "infeasible"
     land = peers.Land(table)
-    assert land.eagle
+    assert not land.n_gram
     params, _, missing = peers.tuner_space(land)
     assert [p["name"] for p in params] == ["speculative_config"]   # one memory value: its own
     assert all(json.loads(o)["method"] == "eagle3" for o in params[0]["options"])
@@ -247,7 +247,7 @@ def test_a_recorded_vllm_eagle_table_is_a_chain_engine_s_to_the_peers(
                      "--axis", "mem_fraction_static=0.0075,0.01", "--repeats", "1",
                      "--out", str(table), "--run-dir", str(tmp_path / "runs")]) == 0
     land = peers.Land(str(table))
-    assert land.eagle and "speculative_eagle_topk" not in land.values
+    assert not land.n_gram and "speculative_eagle_topk" not in land.values
     params, _, _ = peers.tuner_space(land)
     assert {json.loads(o)["method"] for o in params[0]["options"]} == {"eagle3"}
     assert params[1] == {"name": "gpu_memory_utilization", "options": ["0.0075", "0.01"]}
