@@ -119,13 +119,13 @@ def _main(argv: Sequence[str] | None) -> int:
         return args
     t0 = time.monotonic()
     try:
-        plan, exists, differs = _plan(args)
+        plan, own, differs = _plan(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     exp = plan.exp
-    own: dict = run_settings(plan) if exists else {}
-    run, ignored = _settings(args, plan, own if exists else None)
+    exists = own is not None
+    run, ignored = _settings(args, plan, own)
     pids_dir = rundir.pids_dir(rundir.logs_dir(plan.local_dir))
     try:
         _end_leftovers(plan, pids_dir)
@@ -164,10 +164,10 @@ def _main(argv: Sequence[str] | None) -> int:
         _clean_up(args.address, token, pids_dir)
 
 
-def _plan(args: argparse.Namespace) -> tuple[RunPlan, bool, str | None]:
-    """The run the command asks for (`plan_run`), whether it resumes one, and what differs from
-    the experiment the run was started with (`changes.check`); ConfigError where the command
-    contradicts the run dir."""
+def _plan(args: argparse.Namespace) -> tuple[RunPlan, dict | None, str | None]:
+    """The run the command asks for (`plan_run`), the settings of the run it resumes (None: a
+    new run; `run_settings`), and what differs from the experiment the run was started with
+    (`changes.check`); ConfigError where the command contradicts the run dir."""
     path = args.experiment
     if path == DEFAULT_EXPERIMENT and not Path(path).exists() and _PROJECT_EXPERIMENT.exists():
         path = str(_PROJECT_EXPERIMENT)
@@ -179,14 +179,15 @@ def _plan(args: argparse.Namespace) -> tuple[RunPlan, bool, str | None]:
     exists = can_resume(plan) if not args.fresh else False
     if args.resume and not exists:
         raise ConfigError(f"--resume: no search to resume at {plan.run_dir}")
-    began = moved_from(plan) if exists else None
+    own = run_settings(plan) if exists else None
+    began = moved_from(plan, own) if own else None
     if began:
         raise ConfigError(f"the run {plan.run_dir} was started at {began}, and a search goes "
                           f"on writing where it began (Tune's checkpoints, the Optuna journal): "
                           f"resume it from there (move it back), or start anew with --fresh")
     # An edited experiment must not go on with the old one's results (changes.py).
     differs = None if args.fresh else changes.check(exp, plan.run_dir)
-    return plan, exists, differs
+    return plan, own, differs
 
 
 class _Settings(NamedTuple):

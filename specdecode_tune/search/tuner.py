@@ -53,25 +53,28 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
     return dict(found) if isinstance(found, dict) else {}
 
 
+def storage_path(plan: RunPlan) -> str:
+    """The storage Tune is given: a URI as it is, a local path made absolute."""
+    return plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
+
+
 def experiment_path(plan: RunPlan) -> str:
-    """Where Tune keeps the run: the storage (made absolute) and the run's name."""
-    storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
-    return f"{storage_path.rstrip('/')}/{plan.name}"
+    """Where Tune keeps the run: the storage and the run's name."""
+    return f"{storage_path(plan).rstrip('/')}/{plan.name}"
 
 
-def moved_from(plan: RunPlan) -> str | None:
-    """Where a run that was moved or copied began (None: it is where it began, or it was
-    started before runs recorded their place). A restored run goes on writing where it began:
-    Tune puts its trials' checkpoints there and the searcher's Optuna journal is the one at that
-    path (both pickled with it), while the tables would go here: two halves of one run."""
-    began = run_settings(plan).get("path")
+def moved_from(plan: RunPlan, settings: dict[str, Any]) -> str | None:
+    """Where a run that was moved or copied began, from the settings it was started with
+    (`run_settings`; None: it is where it began, or it was started before runs recorded their
+    place). A restored run goes on writing where it began: Tune puts its trials' checkpoints
+    there and the searcher's Optuna journal is the one at that path (both pickled with it),
+    while the tables would go here: two halves of one run. The same folder by another spelling
+    (.., a symlink) is no move."""
+    began = settings.get("path")
     if not began:
         return None
-    here = experiment_path(plan)
-    if not plan.is_uri:     # the same folder by another spelling (.., a symlink) is no move
-        began_at, here = os.path.realpath(str(began)), os.path.realpath(here)
-        return str(began) if began_at != here else None
-    return str(began) if began != here else None
+    norm = os.path.realpath if not plan.is_uri else str
+    return None if norm(str(began)) == norm(experiment_path(plan)) else str(began)
 
 
 def can_resume(plan: RunPlan) -> bool:
@@ -100,7 +103,6 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
         tune.with_parameters(trainable, exp=exp, baseline=baseline, run_dir=plan.run_dir,
                              local_dir=str(plan.local_dir)),
         {"cpu": s.cpus_per_trial, "gpu": s.gpus_per_trial})
-    storage_path = plan.storage if plan.is_uri else str(Path(plan.storage).absolute())
     exp_path = experiment_path(plan)
     if resume:
         try:
@@ -154,7 +156,7 @@ def build_tuner(plan: RunPlan, baseline: list[LevelSummary], sampler_name: str, 
                                     max_concurrent_trials=s.max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=trial_dirname),
         run_config=tune.RunConfig(
-            name=plan.name, storage_path=storage_path, verbose=0,
+            name=plan.name, storage_path=storage_path(plan), verbose=0,
             callbacks=[Progress(exp, max_trials)],
             # A trial whose node is lost is retried elsewhere from its last level checkpoint;
             # expected failures never raise (they are results), so this retries only losses.

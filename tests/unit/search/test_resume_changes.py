@@ -301,9 +301,11 @@ def test_the_same_run_by_another_spelling_is_not_a_moved_one(tmp_path: Path) -> 
         args = search_cli.build_parser().parse_args(["--storage", str(storage)])
         plan = plan_run(exp, args)
         assert run_settings(plan).get("path"), storage       # the journal was read
-        assert moved_from(plan) is None, storage
+        assert moved_from(plan, run_settings(plan)) is None, storage
     elsewhere = tmp_path / "copy"
     import shutil
     shutil.copytree(tmp_path / "runs", elsewhere)
     args = search_cli.build_parser().parse_args(["--storage", str(elsewhere)])
-    assert moved_from(plan_run(exp, args)) == str((tmp_path / "runs" / "sim-small").absolute())
+    plan = plan_run(exp, args)
+    assert moved_from(plan, run_settings(plan)) == str(
+        (tmp_path / "runs" / "sim-small").absolute())
