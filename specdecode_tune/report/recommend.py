@@ -342,9 +342,9 @@ def schedule_line(data: RunData, s: Schedule) -> str:
     static config's steps at every level, that said in so many words (a list of the same steps
     per level read like advice to switch)."""
     best = data.best
-    steps = int(best.param(STEPS) or 0) if best is not None else 0
-    if s.chain and steps > 0 and best is not None and best.param(TOPK) in (None, 1) \
-            and all(e.steps == steps for e in s.chain):
+    steps = int(best.param(STEPS) or 0) if best is not None and best.param(TOPK) in (None, 1) \
+        else 0
+    if steps > 0 and s.chain and all(e.steps == steps for e in s.chain):
         return f"steps={steps} at every level, the static config's own: nothing to switch"
     parts = []
     for e in s.chain or s.entries:
