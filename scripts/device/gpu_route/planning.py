@@ -233,4 +233,3 @@ def resume_run(args: argparse.Namespace, work: Work, plan: dict) -> bool:
     say(f"--resume-run: unpacked {run_dir.name} ({len(members)} files, {trials} trial dir(s)) "
         f"from {args.resume_run}: the search resumes it")
     return True
-
