@@ -99,7 +99,7 @@ class Landscape:
     # The mean KV tokens of one request, as the search gives its model
     # (`search.tuner.request_tokens`: a ShareGPT workload's sample mean, ~267 tokens for
     # sglang-gpu, not its caps, 256 + 256: with the caps, until 2026-12-07, the model ran 25
-    # requests at C=64 where SGLang ran 42-44).
+    # requests at C=64 where SGLang ran a median 44-56).
     request_tokens: float | None = None
 
     @property
