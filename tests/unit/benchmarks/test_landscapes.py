@@ -575,8 +575,8 @@ def test_the_whole_search_replays_on_sglangs_landscape_and_counts_no_boot_for_a_
 def test_the_replay_gives_the_model_the_request_tokens_the_search_gives_it() -> None:
     """sglang-gpu's ShareGPT workload: the search's model reads a request's KV tokens from its
     sample (`search.tuner.request_tokens`, ~267), not the caps (256 + 256): with the caps the
-    model ran 25 requests at C=64 where SGLang ran a median 44-56, and its fit error (19-23%) kept the
-    replayed search from ever stopping by itself."""
+    model ran 25 requests at C=64 where SGLang ran a median 44-56, and its fit error (19-23%)
+    kept the replayed search from ever stopping by itself."""
     from specdecode_tune.search.tuner import request_tokens
 
     L = _load("landscapes")
