@@ -127,7 +127,7 @@ def schedule_config(cfg: BackendConfig | None, params: Mapping[str, Any],
     if conf is None:
         conf = {"method": ((cfg.speculative_algorithm if cfg else None) or "eagle3").lower()}
         if cfg is not None and cfg.draft_model_path:
-            conf["model"] = cfg.draft_model_path
+            conf["model"] = expand_path(cfg.draft_model_path)
         conf["num_speculative_tokens"] = int(params[STEPS])
     return {**conf, PER_BATCH_SIZE: ranges}
 
@@ -240,7 +240,8 @@ class VLLMBackend:
 
     def launch_command(self, cfg: BackendConfig, params: Mapping[str, Any]) -> str:
         key = f' --api-key "${cfg.api_key_env}"' if cfg.api_key_env else ""
-        return shlex.join(["vllm", "serve", cfg.model_path]
+        # Paths as the server gets them: a quoted `${SPECDECODE_CACHE}` expands in no shell.
+        return shlex.join(["vllm", "serve", expand_path(cfg.model_path)]
                           + self.server_args(cfg, params)) + key
 
     def schedule_command(self, cfg: BackendConfig, params: Mapping[str, Any],
@@ -321,7 +322,8 @@ class VLLMBackend:
         elif own:
             command = self.schedule_command(cfg, top_params, ranges)[0]
         else:
-            command = shlex.join(["vllm", "serve", cfg.model_path, "--tensor-parallel-size",
+            command = shlex.join(["vllm", "serve", expand_path(cfg.model_path),
+                                  "--tensor-parallel-size",
                                   str(cfg.tp_size), "--speculative-config",
                                   json.dumps(content)])
         return ScheduleFile("vllm", SCHEDULE_TITLE, SCHEDULE_FILE, content,

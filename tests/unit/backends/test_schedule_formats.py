@@ -184,6 +184,25 @@ def test_the_command_is_the_experiments_own_engine_where_it_boots_the_file() -> 
     assert all(f.command is None for f in schedule_files(None, ASK))
 
 
+def test_every_printed_command_names_the_paths_the_server_was_given(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Found on the first real SGLang search (2026-12-07): the report's vLLM line read
+    `vllm serve '${SPECDECODE_CACHE}/eagle3-models/target'`, quoted by shlex, which no shell
+    expands, while SGLang's line beside it had the path the server was given."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    paths = {"model_path": "${SPECDECODE_CACHE}/m/target",
+             "draft_model_path": "${SPECDECODE_CACHE}/m/eagle3"}
+    for kind in BACKENDS:
+        for f in schedule_files(cfg(kind, **paths), ASK):
+            text = f"{f.command or ''} {f.content or ''}"
+            assert "SPECDECODE_CACHE" not in text, (kind, f.engine, text)
+            if f.engine == "vllm":
+                assert f.command is not None and f"vllm serve {tmp_path}/m/target" in f.command
+                assert f.content is not None and f.content["model"] == f"{tmp_path}/m/eagle3"
+    own = BACKENDS["vllm"].launch_command(cfg("vllm", **paths), {STEPS: 3})
+    assert own.startswith(f"vllm serve {tmp_path}/m/target") and "SPECDECODE" not in own
+
+
 def test_trtllm_that_cannot_express_it_says_why_and_writes_nothing() -> None:
     ask = ScheduleAsk(slots=((1, 0), (16, 2)), params=resolve({STEPS: 2}, {}), top_steps=2)
     trt = schedule_files(None, ask)[2]
