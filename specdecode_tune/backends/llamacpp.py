@@ -258,9 +258,9 @@ class LlamaCppBackend:
 
     def schedule_params(self, cfg: BackendConfig, params: Mapping[str, Any],
                         config_path: str) -> tuple[dict[str, Any] | None, str]:
-        return None, ("llama.cpp has no per-batch-size draft schedule: only SGLang's adaptive mode "
-                      "(and the simulator's copy of it) boots from a schedule file; the report "
-                      "writes the formats unvalidated")
+        return None, ("llama.cpp has no per-batch-size draft schedule: SGLang's adaptive mode "
+                      "(and the simulator's copy of it) and vLLM's per-batch-size K boot from a "
+                      "schedule file; the report writes the formats unvalidated")
 
     def memory_facts(self, log_text: str) -> dict[str, float]:
         return {}       # llama.cpp has no memory fraction to tune

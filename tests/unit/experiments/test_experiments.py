@@ -332,3 +332,30 @@ def test_sglang_gpu_grid_searches_exactly_the_recorded_landscape_s_grid() -> Non
         sg.backend, sg.workload, sg.measure, sg.objective)
     assert grid.search.enqueue == ({"speculative_num_steps": 4, "speculative_eagle_topk": 1,
                                     "mem_fraction_static": 0.0045},)
+
+
+def test_vllm_gpu_grid_searches_the_grid_docs_gpu_records_with_the_schedule_validated() -> None:
+    """vllm-gpu-grid (issue 33) is vllm-gpu's server, workload and measuring on the grid that
+    docs/gpu.md section 4's vLLM recording boots (K 0 there is the baseline), every memory
+    point on vllm-gpu's own lattice, and the schedule objective (the same weights), so the
+    search ends by booting the per-batch-size K once; its first point is on the grid."""
+    import re
+
+    grid, vg = load("vllm-gpu-grid"), load("vllm-gpu")
+    doc = (REPO / "docs" / "gpu.md").read_text(encoding="utf-8")
+    block = doc[doc.index("**vLLM's landscape (issue 33)"):]
+    block = block[block.index("```"):][3:]
+    axes = {name: tuple(float(v) if "." in v else int(v) for v in vals.split(","))
+            for name, vals in re.findall(r"--axis (\w+)=([\d.,]+)", block[:block.index("```")])}
+    axes["speculative_num_steps"] = tuple(k for k in axes["speculative_num_steps"] if k != 0)
+    assert {s.name: s.choices for s in grid.space} == axes
+    assert all(s.type == "categorical" for s in grid.space)
+    mem = vg.param("mem_fraction_static")
+    for u in axes["mem_fraction_static"]:
+        assert mem.low <= u <= mem.high and abs((u - mem.low) / mem.step
+                                                 - round((u - mem.low) / mem.step)) < 1e-9
+    assert (grid.backend, grid.workload, grid.measure) == (vg.backend, vg.workload, vg.measure)
+    assert grid.objective.kind == "schedule" and vg.objective.kind == "scalar"
+    assert grid.objective.weights == vg.objective.weights
+    (first,) = grid.search.enqueue
+    assert all(first[s.name] in s.choices for s in grid.space)
