@@ -24,7 +24,7 @@ The modules, in the order they build on each other:
 This package reads /proc only through `specdecode_tune.procfs`.
 """
 
-from .devices import GpuRef, gpu_handles
+from .devices import GpuRef, gpu_handles, machine_gpu_uuids
 from .nvml import _logged as _logged  # tests clear it: every message may be logged again
 from .ownership import server_pids
 from .sampler import TelemetrySampler
@@ -50,6 +50,7 @@ __all__ = [
     "TelemetrySampler",
     "decode_clock_events",
     "gpu_handles",
+    "machine_gpu_uuids",
     "merge_level",
     "server_pids",
     "summarize",

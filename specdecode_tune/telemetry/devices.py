@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .nvml import error_types, log_once, text
+from .nvml import error_types, load_nvml, log_once, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,29 @@ def _physical_gpus(nvml: Any) -> list[_Physical]:
             name = "?"
         out.append(_Physical(i, handle, uuid, bus, name))
     return sorted(out, key=lambda g: _bus_key(g.pci_bus_id, g.nvml_index))
+
+
+def machine_gpu_uuids() -> list[str]:
+    """Every GPU of this machine (or container) by UUID, as NVML sees them, in PCI bus order:
+    what says which machine measured a figure. [] without nvidia-ml-py, a driver or a GPU."""
+    try:
+        nvml = load_nvml()
+    except ImportError:
+        return []
+    errors = error_types(nvml) + (OSError,)
+    try:
+        nvml.nvmlInit()
+    except errors:
+        return []
+    try:
+        return [g.uuid for g in _physical_gpus(nvml)]
+    except errors:
+        return []
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except errors as e:
+            log_once(logging.DEBUG, "shutdown", "NVML: nvmlShutdown failed: %r", e)
 
 
 def _mig_devices(nvml: Any, gpu: _Physical) -> list[tuple[Any, str]]:
