@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_report import SEED, Run
 
+from specdecode_tune.backends import get_backend
 from specdecode_tune.report import write_report
 from specdecode_tune.report.data import read_run
 from specdecode_tune.report.recommend import schedule
@@ -162,3 +163,40 @@ def test_each_backend_boots_its_own_schedule_file_or_says_why_not(tmp_path: Path
         else:
             assert settings is None and "\n" not in why and why, kind
 
+
+
+def test_a_vllm_experiment_boots_its_own_per_batch_size_k(tmp_path: Path) -> None:
+    """vllm-gpu-grid's validation (issue 33) on the same run: vLLM's own file, booted with the
+    ranges it holds, K the largest and piecewise CUDA graphs; beside it the static best's K in
+    one range (the mode's own cost)."""
+    import json
+    import tomllib
+
+    from test_report import EXPERIMENT
+
+    from specdecode_tune.config import experiment_from_dict
+    from specdecode_tune.search.preflight import RunPlan
+    from specdecode_tune.search.validate import plan_validation
+
+    run = Run(tmp_path)
+    for steps, tok in CURVE.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    text = EXPERIMENT.replace('kind = "sim"', 'kind = "vllm"', 1)
+    assert 'kind = "vllm"' in text
+    exp = experiment_from_dict(tomllib.loads(text), where="test")
+    plan = RunPlan(exp=exp, run_dir=str(tmp_path), local_dir=tmp_path, storage=str(tmp_path),
+                   name="t", is_uri=False)
+    trials, why = plan_validation(plan)
+    assert why == "" and [t for t, _ in trials] == ["schedule", "schedule-same"]
+    sched, same = (dict(p) for _, p in trials)
+    assert sched["speculative_num_steps"] == 5 and same["speculative_num_steps"] == 4
+    assert sched["compilation_config"] == same["compilation_config"] == \
+        '{"cudagraph_mode":"PIECEWISE"}'
+    # C=1's slot drafts 5, C=16's from batch 4 (sqrt(1 x 16)) 4, kept past the last range.
+    ranges = sched["num_speculative_tokens_per_batch_size"]
+    assert ranges == [[1, 3, 5], [4, 4, 4]]
+    assert same["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
+    written = json.loads((tmp_path / "schedule" / "vllm-speculative-config.json").read_text())
+    assert written["num_speculative_tokens_per_batch_size"] == ranges
+    argv = " ".join(get_backend("vllm").server_args(exp.backend, sched))
+    assert "num_speculative_tokens_per_batch_size" in argv and "PIECEWISE" in argv
