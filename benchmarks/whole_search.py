@@ -255,9 +255,31 @@ def recorded_seconds(path: str) -> dict[str, Any]:
         rule.append(sum(se.level_seconds(c, v, limit, out_len, "rule") for c, v in tok.items()))
         for c, v in tok.items():
             rounds_s[c].append((min(c, limit) if limit else c) * out_len / max(v, 1e-9))
+    measured, capped, levels = recorded_windows(path, m.max_duration_s)
     return {"fixed": len(m.concurrency) * (m.warmup_s + m.duration_s), "window": m.duration_s,
             "rule": statistics.median(rule) if rule else None,
-            "round_s": {c: statistics.median(v) for c, v in rounds_s.items() if v}}
+            "round_s": {c: statistics.median(v) for c, v in rounds_s.items() if v},
+            "measured": measured, "capped": capped, "levels": levels,
+            "ran_rule": m.precision is not None, "cap": m.max_duration_s}
+
+
+def recorded_windows(path: str, cap: float) -> tuple[float | None, int, int]:
+    """What the recording's own windows took: the median over its boots (each point's repeats
+    and the baseline's) of the seconds its measured levels' windows lasted, the levels that
+    ran to `cap` (within 2%), and the levels counted. The recorder measures as the search does,
+    so under measure.precision this is the rule as the server ran it."""
+    import pyarrow.parquet as pq
+
+    per_boot: dict[tuple[Any, Any], float] = {}
+    capped = levels = 0
+    for r in pq.read_table(path).to_pylist():
+        if r.get("status") != "ok" or not r.get("duration_s"):
+            continue
+        key = (r.get("point"), r.get("repeat"))
+        per_boot[key] = per_boot.get(key, 0.0) + float(r["duration_s"])
+        levels += 1
+        capped += float(r["duration_s"]) >= 0.98 * cap
+    return (statistics.median(per_boot.values()) if per_boot else None), capped, levels
 
 
 def report_recorded(paths: Sequence[str], seeds: int,
@@ -271,6 +293,14 @@ def report_recorded(paths: Sequence[str], seeds: int,
             f"{sec['fixed']:.1f} s (a {sec['window']:g} s window; a round, median over the "
             f"points: {rounds}) / the rule, modelled with the simulator's rounds per level: "
             + ("-" if sec["rule"] is None else f"{sec['rule']:.1f} s"))
+        if sec["measured"] is not None:
+            how = (f"the rule as this server ran it: {sec['capped']} of {sec['levels']} "
+                   f"windows {0.98 * sec['cap']:.1f} s or longer, the cap {sec['cap']:g} s less "
+                   "any warm-up rounds left out" if sec["ran_rule"] else "its fixed windows")
+            if sec["ran_rule"] and sec["rule"] and sec["measured"] > 2 * sec["rule"]:
+                how += "; the simulator's rounds per level do not model this server"
+            say(f"  measuring seconds per boot, recorded {Path(path).name}, as measured: "
+                f"{sec['measured']:.1f} s, the windows alone, median over the boots ({how})")
     for path in paths:
         errs = [e for seed in range(seeds) for e in recorded_errors(path, seed)]
         med = f"{statistics.median(errs):.1%} over {len(errs)} predicted levels" if errs \

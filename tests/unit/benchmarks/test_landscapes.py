@@ -583,3 +583,22 @@ def test_the_replay_gives_the_model_the_request_tokens_the_search_gives_it() -> 
     land = L.load_landscape(Path(L.DATA) / "sglang-gpu-h100.parquet")
     assert land.request_tokens == pytest.approx(request_tokens(land.exp))
     assert 150 < land.request_tokens < 400
+
+
+def test_a_recorded_landscape_says_what_its_own_windows_took() -> None:
+    """The measuring seconds a recorded real landscape prints come from its own windows, not
+    only from the simulator's rounds per level: SGLang's table was recorded under the rule
+    (+-2%, at most 30 s), whose windows mostly ran to the cap, 15x what the simulator's five
+    rounds a level model (issue 35: the real H100 run of 2026-12-07 ran every level to it)."""
+    W = _load("whole_search")
+    L = _load("landscapes")
+    sec = W.recorded_seconds(str(Path(L.DATA) / "sglang-gpu-h100.parquet"))
+    assert sec["ran_rule"] and sec["cap"] == 30.0
+    assert 3 * 25.0 < sec["measured"] < 3 * 30.5          # three levels, near the cap
+    assert sec["measured"] > 10 * sec["rule"]
+    assert sec["levels"] == 3 * 21 and sec["capped"] > sec["levels"] // 2
+    fixed = W.recorded_seconds(str(Path(L.DATA) / "llamacpp-gpu-h200.parquet"))
+    assert not fixed["ran_rule"] and fixed["measured"] <= fixed["fixed"]
+    lines: list[str] = []
+    W.report_recorded([str(Path(L.DATA) / "sglang-gpu-h100.parquet")], 0, say=lines.append)
+    assert any("as measured: " in ln and "do not model this server" in ln for ln in lines)
