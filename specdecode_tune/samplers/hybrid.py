@@ -284,8 +284,16 @@ class HybridSampler(PlannedSampler):
         self._plateau._resolve_stale(events, trials)
         open_ = [e for e in events if e["outcome"] is None]
         if open_:
-            return {"by": "plateau", "why": f"the plateau probe of trial "
-                                            f"{open_[0]['trial_number']} has no answer yet"}
+            out: dict[str, Any] = {"by": "plateau", "running": True,
+                                   "why": f"the plateau probe of trial "
+                                          f"{open_[0]['trial_number']} has no answer yet"}
+            if band is not None:
+                # One probe at a time: the next trial is the model's (or the base's). What
+                # the model expects of it says whether it is worth a boot beside the probe.
+                decision, _ = self._model.decide(study, len(trials), band=band)
+                if decision.get("by") == "model" and "ei_beyond_band" in decision:
+                    out["model_ei_beyond_band"] = decision["ei_beyond_band"]
+            return out
         noise = self._plateau._band(study)
         due = self._check_due(study, trials, events, noise)
         if due is not None:

@@ -255,10 +255,12 @@ class RepeatingSearcher(Searcher):
         rule = self.__dict__.get("stop_rule")      # a searcher pickled before the rule: None
         if rule is None:
             return False
-        # What the rule's answer can change with: a finished trial, or a proposal the KV gate
-        # skipped (told to the study as a refusal).
+        # What the rule's answer can change with: a finished trial, a proposal the KV gate
+        # skipped (told to the study as a refusal), or an exploration started (a plateau
+        # probe opens a question: the trial beside it may have to wait for its answer).
         gate = self.__dict__.get("gate")
-        done = (self.__dict__.get("completed", 0), 0 if gate is None else len(gate.skipped))
+        done = (self.__dict__.get("completed", 0), 0 if gate is None else len(gate.skipped),
+                self.explored)
         if rule.why is None:
             if self.__dict__.get("checked_at") == done:
                 # Nothing new since the last check: the same answer.
@@ -275,6 +277,12 @@ class RepeatingSearcher(Searcher):
                 log.debug("the stop rule could not be checked", exc_info=True)
                 return False
             if why is None:
+                if getattr(rule, "waits_for_probe", False) and any(
+                        n == 0 for _, n in self.live.values()):
+                    # A plateau probe runs and the model's next proposal is not worth a boot
+                    # (`StopRule.waits_for_probe`): wait for the probe's answer.
+                    self.waiting = True
+                    return True
                 return False
             if any(n == 0 for _, n in self.live.values()):
                 rule.why = None             # decided again once the running ones answered

@@ -25,6 +25,13 @@ it. Two rules, asked by `RepeatingSearcher` (`search.searcher`) before each boot
     rule 13 / 15, picks within 2% 39 of 40 over the four profiles as before: the figures are
     in docs/search-efficiency.md).
   The reason is kept (`StopRule.why`) and printed on the search's last lines.
+  While a plateau probe (a jump) runs, the question is open and the rule cannot hold; the
+  model would propose the trial beside it. Where that proposal's expected gain beyond the band
+  is itself within the limit (`waits_for_probe`), it is not booted: the next exploration waits
+  for the probe's answer. Booted beside the probe, such a proposal was a point the rule would
+  not have booted a moment later (bench-tile-shelves seeds 3, 19 and 29 of the replay: steps
+  7 at another memory fraction, expected improvement 0.003-0.005, beside the jump to steps
+  10-12; docs/search-efficiency.md, 2026-12-07).
 - `KVGate`: before a boot, a point the fitted memory model (the KV budget line, the
   out-of-memory boundary, the neighbourhoods refused boots rule out: `samplers.model`) says the
   server will refuse (the share of posterior draws in which the boot succeeds is at most
@@ -70,18 +77,27 @@ class StopRule:
         self.min_explored = min_explored
         self.ei_fraction = float(ei_fraction)
         self.why: str | None = None
+        self.waits_for_probe = False
 
     def check(self, study: Any, sampler: Any, band: float, explored: int) -> str | None:
         """Why exploring stops now (also kept in `why`), or None to go on."""
         if self.why is not None:
             return self.why
+        self.waits_for_probe = False
         outlook = getattr(sampler, "outlook", None)
         if outlook is None or explored < self.min_explored:
             return None
         o = outlook(study, band=band)
+        limit = self.ei_fraction * band
+        # A plateau probe is running and the model's own next proposal is not worth a boot by
+        # this rule's measure: the next exploration waits for the probe's answer (which either
+        # opens a new question or lets the rule hold) instead of booting it beside the probe.
+        beside = o.get("model_ei_beyond_band")
+        self.waits_for_probe = bool(
+            o.get("by") == "plateau" and o.get("running") and isinstance(beside, (int, float))
+            and beside <= limit)
         if o.get("by") != "model" or not isinstance(o.get("ei_beyond_band"), (int, float)):
             return None
-        limit = self.ei_fraction * band
         if o["ei_beyond_band"] > limit:
             return None
         ei = o.get("ei")

@@ -284,3 +284,56 @@ def test_a_gate_skip_is_news_to_the_stop_rule() -> None:
         searcher.on_trial_complete(f"t{i}", _score(cfg))
     assert gate.skipped and searcher.stop_reason == "the skip answered the last question"
     assert after_skip == []          # no exploration booted once the rule held
+
+
+@pytest.mark.parametrize(("beside", "waits"), [
+    (0.004, True),          # the model's next proposal is not worth a boot: wait for the probe
+    (0.02, False),          # it is (over half the band): booted beside the probe, as before
+    (None, False),          # the model says nothing (poor fit, TPE's turn): as before
+])
+def test_the_rule_makes_the_trial_beside_a_running_probe_wait_only_if_it_is_not_worth_a_boot(
+        beside: float | None, waits: bool) -> None:
+    outlook: dict = {"by": "plateau", "running": True, "why": "the probe of trial 5 runs"}
+    if beside is not None:
+        outlook["model_ei_beyond_band"] = beside
+    rule = StopRule(min_explored=4)
+    assert rule.check(None, Outlook(outlook), 0.025, 6) is None      # never a stop
+    assert rule.waits_for_probe is waits
+    # A plateau not yet probed is the next trial itself: nothing waits for it.
+    rule.check(None, Outlook({"by": "plateau", "why": "not probed yet",
+                              "model_ei_beyond_band": 0.0}), 0.025, 6)
+    assert rule.waits_for_probe is False
+
+
+class ProbeRunning:
+    """A stop rule whose outlook is a running plateau probe beside which the model's next
+    proposal is not worth a boot, until `answered` is set; then it holds."""
+
+    def __init__(self) -> None:
+        self.why: str | None = None
+        self.waits_for_probe = False
+        self.answered = False
+        self.checks = 0
+
+    def check(self, study: object, sampler: object, band: float, explored: int) -> str | None:
+        self.checks += 1
+        self.waits_for_probe = explored >= 1 and not self.answered
+        if self.answered:
+            self.why = "the probe answered"
+        return self.why
+
+
+def test_the_trial_beside_a_running_probe_waits_for_its_answer_then_the_rule_holds() -> None:
+    rule = ProbeRunning()
+    searcher = _searcher(rule)
+    probe = searcher.suggest("probe")
+    assert isinstance(probe, dict)
+    # The probe started (one exploration more): the rule is asked again, and the slot beside
+    # it waits instead of booting the model's proposal.
+    assert searcher.suggest("beside") is None
+    assert searcher.explored == 1
+    rule.answered = True
+    searcher.on_trial_complete("probe", _score(probe))
+    nxt = searcher.suggest("next")
+    assert isinstance(nxt, dict) and nxt.get(REPEAT_KEY, 0) > 0     # the re-measurements
+    assert searcher.stop_reason == "the probe answered" and searcher.explored == 1
