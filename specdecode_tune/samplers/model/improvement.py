@@ -42,6 +42,10 @@ class Option(NamedTuple):
     # While a running trial bets on the out-of-memory boundary: (N,) whether every line of the
     # boundary's version space boots the candidate (None: no such bet running).
     sure: np.ndarray | None = None
+    # Per draw, the best score the points other trials are measuring now reach (None: none
+    # runs): the expected gain beyond the band (the stop rule's) is over max(the reference,
+    # that), draw by draw. The proposal's own EI is not: it keeps its pessimistic view.
+    believed: np.ndarray | None = None
 
 
 class Pick(NamedTuple):
@@ -76,7 +80,14 @@ def pick(option: Option, best_score: float, band: float | None, per_level: bool,
     ei = gain.mean(axis=0)
     beyond = 0.0
     if band is not None and free.any():
-        over = np.maximum(gain - band, 0.0).mean(axis=0)
+        # The stop rule's question (is any free point worth a boot?) is asked beside running
+        # boots too: a point's gain counts over what they reach in the same draw (`believed`),
+        # so a neighbour that gains only where a running boot fails is worth no boot.
+        over_ref = gain
+        if option.believed is not None:
+            ref = np.maximum(best_score, option.believed)[:, None]
+            over_ref = np.where(feasible, np.maximum(scores - ref, 0.0), 0.0)
+        over = np.maximum(over_ref - band, 0.0).mean(axis=0)
         beyond = float(over[free].max())
     level_note = ""
     if per_level:

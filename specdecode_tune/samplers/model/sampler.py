@@ -198,14 +198,15 @@ class ModelGuidedSampler(PlannedSampler):
         for ctx in ctxs:
             fit, cands, obs = pooled if not ctx else fitted_in(study, trials, ctx, pooled)
             probing = False
+            bets: set[tuple] = set()
             if self.__dict__.get("_pessimistic"):
                 liars = self._running_as_refused(trials, number, obs)
                 if liars:
                     # a running boot the measured boundary is unsure of: a bet on it
                     measured = fit.oom
-                    probing = measured is not None and any(
-                        measured.p_feasible(1.0 if o.mem is None else o.mem, o.draft) < 1.0
-                        for o in liars)
+                    bets = {o.key for o in liars if measured is not None and measured.p_feasible(
+                        1.0 if o.mem is None else o.mem, o.draft) < 1.0}
+                    probing = bool(bets)
                     fit = dataclasses.replace(fit, oom=fit_oom_running(obs, liars, fit.oom))
             if fit.rms > limit:
                 poor.append(f"{ctx_text(ctx)}in-sample error {fit.rms:.1%} of tok/s > "
@@ -222,8 +223,35 @@ class ModelGuidedSampler(PlannedSampler):
             levels, ok_draws = level_draws(fit, cands, rng, self._draws)
             options.append(Option(ctx, fit, cands, obs, free, levels,
                                   score_of(fit, levels, ok_draws),
-                                  oom_sure(fit.oom, cands) if probing else None))
+                                  oom_sure(fit.oom, cands) if probing else None,
+                                  self._believed(trials, number, ctx, cands, fit, levels,
+                                                 bets)))
         return options, poor
+
+    def _believed(self, trials: Sequence[FrozenTrial], number: int, ctx: dict[str, Any],
+                  cands: Candidates, fit: Fit, levels: dict[int, np.ndarray],
+                  bets: set[tuple]) -> np.ndarray | None:
+        """Per posterior draw, the best score the points other trials are measuring now (in
+        this context) reach in that draw; None where none runs. A running point the measured
+        out-of-memory boundary is unsure of (`bets`) is left out: it may be refused. The stop
+        rule's expected gain beyond the band (`improvement.pick`) counts a free point's gain
+        over that, draw by draw (the draws are joint, so the two move together): the slot
+        beside a boot would otherwise boot its nearest neighbour (the same point a memory
+        fraction lower: the running one counts as refused for the boundary), whose gain
+        exists only in the draws where the running boot fails. Where nothing is worth a boot
+        over it, the search waits for the running boot's answer (`search.stopping`)."""
+        if not self.__dict__.get("_pessimistic"):
+            return None
+        index = {k: i for i, k in enumerate(cands.keys)}
+        running = sorted({index[k] for t in trials
+                          if t.state == TrialState.RUNNING and t.number != number and t.params
+                          and in_context(t.params, ctx)
+                          and (k := self._key_of(t.params)) in index and k not in bets})
+        if not running:
+            return None
+        every = {c: v[:, running] for c, v in levels.items()}
+        scores = score_of(fit, every, np.ones(every[next(iter(every))].shape, dtype=bool))
+        return scores.max(axis=1)
 
     def _contexts(self, trials: Sequence[FrozenTrial]) -> list[dict[str, Any]]:
         """The contexts the model is fitted in (`contexts.contexts`)."""

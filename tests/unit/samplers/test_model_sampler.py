@@ -844,3 +844,30 @@ def test_while_a_boundary_bet_runs_a_proposal_keeps_to_points_every_boundary_lin
     chosen, _ = pick(option._replace(sure=None), 0.0, None, False, False)
     assert chosen.at == 0                                # no bet running: the best EI
     assert not sure_points([option._replace(sure=None)])
+
+
+def test_the_gain_beyond_the_band_beside_a_running_boot_counts_over_what_it_reaches() -> None:
+    """The slot beside a running boot: a neighbour the model scores like the running point
+    gains beyond the band only in the draws where the running boot is not counted (the
+    pessimistic view counts it refused). Over what the running boot reaches in the same draw,
+    it gains nothing: the stop rule's figure says so, the proposal's own EI does not change."""
+    from types import SimpleNamespace
+
+    from specdecode_tune.samplers.model.improvement import Option, pick
+
+    rng = np.random.default_rng(0)
+    common = 0.1 + 0.05 * rng.standard_normal(64)          # what both points share, per draw
+    scores = np.stack([common + 0.002, common - 0.3], axis=1)  # the neighbour, a poor point
+    running = common                                         # the running point, same draws
+    cands = SimpleNamespace(mem=np.array([0.91, 0.85]), draft=np.array([16, 5]))
+    free = np.ones(2, dtype=bool)
+    option = Option({}, None, cands, [], free, {}, scores)
+    alone, beyond_alone = pick(option, 0.0, 0.025, False)
+    beside, beyond_beside = pick(option._replace(believed=running), 0.0, 0.025, False)
+    assert beyond_alone > 0.0125                 # worth a boot by the rule, over the reference
+    assert beyond_beside == 0.0                  # nothing over what the running boot reaches
+    assert (beside.at, beside.ei) == (alone.at, alone.ei)    # the proposal itself unchanged
+    # A running point that reaches less than the reference in a draw leaves the reference.
+    low = np.full(64, -1.0)
+    _, beyond_low = pick(option._replace(believed=low), 0.0, 0.025, False)
+    assert beyond_low == beyond_alone
