@@ -249,6 +249,19 @@ def test_the_hybrid_sampler_records_who_proposed_and_predicts_before_the_boot() 
     if narrow["by"] == "model":
         assert 0.0 <= wide["ei_beyond_band"] <= narrow["ei_beyond_band"] <= narrow["ei"]
     assert "ei_beyond_band" not in sampler.outlook(captured[0])
+    # A plateau probe running (its trial not finished): the question is open, and the outlook
+    # says what the model's proposal beside it would gain beyond the band (the stop rule's
+    # `waits_for_probe` reads it), as the model's own decision says it with no probe running.
+    from specdecode_tune.samplers.plateau import events as ev
+    events = ev.load_events(captured[0])
+    ev.save_events(captured[0], [*events, {"outcome": None, "trial_number": 10_000}])
+    running = sampler.outlook(captured[0], band=0.025)
+    assert running["by"] == "plateau" and running["running"] is True
+    decision, _ = sampler.model.decide(captured[0], len(trials), band=0.025)
+    assert decision["by"] == "model"          # the search stopped on a good fit
+    assert running["model_ei_beyond_band"] == decision["ei_beyond_band"]
+    assert "model_ei_beyond_band" not in sampler.outlook(captured[0])
+    ev.save_events(captured[0], events)
 
 
 def test_a_gate_skip_is_news_to_the_stop_rule() -> None:
