@@ -72,14 +72,20 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     mine = backend.schedule_file(exp.backend, sched.ask) if sched.ask is not None else None
     if mine is None or mine.content is None or sched.params is None:
         return [], "schedule validation: no schedule to boot (no level is best with speculation)"
+    best = data.best
+    steps = int(best.param(STEPS) or 0) if best is not None else 0
+    chain = best is not None and best.param(TOPK) in (None, 1) and steps > 0
+    if chain and all(st == steps for _, st in sched.slots):
+        # Its boot and the same-steps one would be one server twice, measuring only the
+        # per-batch-size mode's own cost of a schedule nobody would run.
+        return [], (f"schedule validation: not booted. The schedule runs the static config's "
+                    f"steps ({steps}) at every level: nothing to switch")
     folder = os.path.join(str(plan.local_dir), SCHEDULE_DIR)
     os.makedirs(folder, exist_ok=True)
     path = _write(folder, mine.file_name, mine.content)
     first = int(sched.params[STEPS])
     trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp.backend, sched.params, first, path))]
-    best = data.best
-    steps = int(best.param(STEPS) or 0) if best is not None else 0
-    if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
+    if chain and best is not None:
         same_steps = backend.schedule_file(exp.backend, ScheduleAsk(slots=((1, steps),)))
         if same_steps is None or same_steps.content is None:
             return trials, ""

@@ -200,3 +200,23 @@ def test_a_vllm_experiment_boots_its_own_per_batch_size_k(tmp_path: Path) -> Non
     assert written["num_speculative_tokens_per_batch_size"] == ranges
     argv = " ".join(get_backend("vllm").server_args(exp.backend, sched))
     assert "num_speculative_tokens_per_batch_size" in argv and "PIECEWISE" in argv
+
+
+def test_a_schedule_of_the_static_steps_everywhere_is_not_booted(tmp_path: Path) -> None:
+    """SEED's levels gain nothing beyond noise from switching (C=1's best, steps 5, is +1.8%
+    within the band): the schedule runs the static config's steps 4 at every level, so its
+    boot and the same-steps one would be one server twice. Nothing is booted, one line says
+    why (the served SGLang search of 2026-12-07 printed "steps=6 at every level ...: nothing
+    to switch" for its run)."""
+    from test_report import SEED
+
+    from specdecode_tune.search.validate import plan_validation
+
+    run = Run(tmp_path)
+    for steps, tok in SEED.items():
+        run.add(f"t{steps:02d}", {"speculative_num_steps": steps}, tok)
+    trials, why = plan_validation(_plan(tmp_path, "0.5.13"))
+    assert trials == [] and "\n" not in why
+    assert why == ("schedule validation: not booted. The schedule runs the static config's "
+                   "steps (4) at every level: nothing to switch")
+    assert not (tmp_path / "schedule").exists()
