@@ -132,9 +132,14 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     elif sched.chain:
         lines.append(f"Per-level schedule: {schedule_line(data, sched)}.")
         checked = validation.validate(data, sched.slots)
-        lines.append(checked.why if checked is not None else
-                     "The schedule was not validated (no boot of it ran: objective.kind = "
-                     "\"schedule\" does that); recommended: the static config.")
+        if checked is not None:
+            lines.append(checked.why)
+        elif sched.ask is None:
+            lines.append("No schedule file is written (nothing to validate); recommended: "
+                         "the static config.")
+        else:
+            lines.append("The schedule was not validated (no boot of it ran: objective.kind = "
+                         "\"schedule\" does that); recommended: the static config.")
     spent = trials.measure_seconds(data)
     lines.append(f"Trials: {trials.counts(data)}" + (f"; {spent}." if spent else "."))
     return lines
@@ -218,6 +223,8 @@ def _schedule_blocks(data: RunData, sched: Schedule) -> list[r.Block]:
                              "validation trial boots one.")]
     if sched.notes:
         out.append(r.Bullets(sched.notes))
+    if sched.ask is None:      # no file emitted (the notes say why): nothing to validate
+        return out
     out += validation.blocks(data, sched.slots)
     for f in sched.files:      # each engine's file, as its backend wrote it
         out.append(r.Heading(3, f.title))

@@ -184,11 +184,27 @@ def schedule(data: RunData) -> Schedule:
         why = withheld_line(data, best, losing)
         return Schedule(all_e, chain, (), (why,), withheld=why)
     notes = _choice_notes(best, static_chain, all_e, raw_chain, chain)
+    exp_cfg = data.experiment.backend if data.experiment is not None else None
     if not chain or all(e.steps == 0 for e in chain):
         notes.append("No level is best with speculation: no schedule to emit.")
-        exp_cfg = data.experiment.backend if data.experiment is not None else None
+        return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
+    if same_steps_everywhere(best, chain):
+        # A file of one step count at every batch size runs the static config through the
+        # engine's per-batch-size mode: nothing gained, the mode's own cost paid (vLLM 0.26.0's
+        # needs piecewise CUDA graphs: 0.61x at C=1 on the H100, docs/engines-vllm.md).
+        notes.append("No schedule file is written: it would run the static config's steps at "
+                     "every batch size, through a per-batch-size mode that only adds its own "
+                     "cost. Run the static config.")
         return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
     return _emitted(data, all_e, chain, notes)
+
+
+def same_steps_everywhere(best: Config | None, chain: tuple[Entry, ...]) -> bool:
+    """Whether the chain runs the static config's steps at every level (a chain static
+    config; "nothing to switch")."""
+    steps = int(best.param(STEPS) or 0) if best is not None and best.param(TOPK) in (None, 1) \
+        else 0
+    return steps > 0 and bool(chain) and all(e.steps == steps for e in chain)
 
 
 def _entries(data: RunData, *, chain_only: bool) -> tuple[Entry, ...]:
@@ -235,7 +251,7 @@ def _choice_notes(best: Config | None, static_chain: bool, all_e: tuple[Entry, .
     if [e.config.key for e in all_e] != [e.config.key for e in raw_chain]:
         notes.append("Some levels are best with topk > 1; servers switch only a chain's "
                      "steps at run time (SGLang's adaptive mode takes topk = 1 only), so the "
-                     "formats below use the best chain (topk = 1) at each level.")
+                     "schedule uses the best chain (topk = 1) at each level.")
     return notes
 
 
@@ -342,9 +358,8 @@ def schedule_line(data: RunData, s: Schedule) -> str:
     static config's steps at every level, that said in so many words (a list of the same steps
     per level read like advice to switch)."""
     best = data.best
-    steps = int(best.param(STEPS) or 0) if best is not None and best.param(TOPK) in (None, 1) \
-        else 0
-    if steps > 0 and s.chain and all(e.steps == steps for e in s.chain):
+    if same_steps_everywhere(best, s.chain):
+        steps = int(best.param(STEPS) or 0) if best is not None else 0
         return f"steps={steps} at every level, the static config's own: nothing to switch"
     parts = []
     for e in s.chain or s.entries:

@@ -69,17 +69,18 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     sched = recommend.schedule(data)
     if sched.withheld:
         return [], f"schedule validation: not booted. {sched.withheld}"
-    mine = backend.schedule_file(exp.backend, sched.ask) if sched.ask is not None else None
-    if mine is None or mine.content is None or sched.params is None:
-        return [], "schedule validation: no schedule to boot (no level is best with speculation)"
     best = data.best
     steps = int(best.param(STEPS) or 0) if best is not None else 0
     chain = best is not None and best.param(TOPK) in (None, 1) and steps > 0
-    if chain and all(st == steps for _, st in sched.slots):
+    if recommend.same_steps_everywhere(best, sched.chain):
         # Its boot and the same-steps one would be one server twice, measuring only the
-        # per-batch-size mode's own cost of a schedule nobody would run.
+        # per-batch-size mode's own cost of a schedule nobody would run (the report writes
+        # no file for it).
         return [], (f"schedule validation: not booted. The schedule runs the static config's "
                     f"steps ({steps}) at every level: nothing to switch")
+    mine = backend.schedule_file(exp.backend, sched.ask) if sched.ask is not None else None
+    if mine is None or mine.content is None or sched.params is None:
+        return [], "schedule validation: no schedule to boot (no level is best with speculation)"
     folder = os.path.join(str(plan.local_dir), SCHEDULE_DIR)
     os.makedirs(folder, exist_ok=True)
     path = _write(folder, mine.file_name, mine.content)
