@@ -191,7 +191,8 @@ def schedule(data: RunData) -> Schedule:
     if same_steps_everywhere(best, chain):
         # A file of one step count at every batch size runs the static config through the
         # engine's per-batch-size mode: nothing gained, the mode's own cost paid (vLLM 0.26.0's
-        # needs piecewise CUDA graphs: 0.61x at C=1 on the H100, docs/engines-vllm.md).
+        # needs piecewise CUDA graphs; the readings' schedule under them served 0.61x the
+        # no-speculation baseline at C=1 on the H100, docs/gpu-runs.md).
         notes.append("No schedule file is written: it would run the static config's steps at "
                      "every batch size, through a per-batch-size mode that only adds its own "
                      "cost. Run the static config.")
