@@ -188,7 +188,7 @@ def schedule(data: RunData) -> Schedule:
     if not chain or all(e.steps == 0 for e in chain):
         notes.append("No level is best with speculation: no schedule to emit.")
         return Schedule(all_e, chain, tuple(schedule_files(exp_cfg, None)), tuple(notes))
-    if same_steps_everywhere(best, chain):
+    if uniform_steps(best, chain):
         # A file of one step count at every batch size runs the static config through the
         # engine's per-batch-size mode: nothing gained, the mode's own cost paid (vLLM 0.26.0's
         # needs piecewise CUDA graphs; the readings' schedule under them served 0.61x the
@@ -200,12 +200,12 @@ def schedule(data: RunData) -> Schedule:
     return _emitted(data, all_e, chain, notes)
 
 
-def same_steps_everywhere(best: Config | None, chain: tuple[Entry, ...]) -> bool:
-    """Whether the chain runs the static config's steps at every level (a chain static
-    config; "nothing to switch")."""
+def uniform_steps(best: Config | None, chain: tuple[Entry, ...]) -> int:
+    """The static config's steps where the chain runs them at every level (a chain static
+    config: "nothing to switch"); else 0."""
     steps = int(best.param(STEPS) or 0) if best is not None and best.param(TOPK) in (None, 1) \
         else 0
-    return steps > 0 and bool(chain) and all(e.steps == steps for e in chain)
+    return steps if steps > 0 and chain and all(e.steps == steps for e in chain) else 0
 
 
 def _entries(data: RunData, *, chain_only: bool) -> tuple[Entry, ...]:
@@ -358,9 +358,8 @@ def schedule_line(data: RunData, s: Schedule) -> str:
     """'C=1 steps=5, C=16 steps=4, C=64 no speculation' (the chain schedule); where it runs the
     static config's steps at every level, that said in so many words (a list of the same steps
     per level read like advice to switch)."""
-    best = data.best
-    if same_steps_everywhere(best, s.chain):
-        steps = int(best.param(STEPS) or 0) if best is not None else 0
+    steps = uniform_steps(data.best, s.chain)
+    if steps:
         return f"steps={steps} at every level, the static config's own: nothing to switch"
     parts = []
     for e in s.chain or s.entries:

@@ -49,9 +49,7 @@ def run_baseline(plan: RunPlan) -> list[LevelSummary]:
         check_machine(plan, found)
         return found
     say("baseline: measuring the server without speculation first")
-    s = plan.exp.search
-    task = ray.remote(_baseline_task).options(num_gpus=s.gpus_per_trial,
-                                               num_cpus=s.cpus_per_trial, max_retries=0)
+    task = ray.remote(_baseline_task).options(**trial_resources(plan.exp))
     result: TrialResult = ray.get(task.remote(plan.exp, plan.run_dir, str(plan.local_dir)))
     if result.status != "ok":
         raise SearchStopped(f"the no-speculation baseline {result.status}, so the search "
@@ -71,16 +69,18 @@ def check_machine(plan: RunPlan, found: Sequence[LevelSummary], *,
     old = baseline_gpus(plan.run_dir)
     if not old:
         return                  # no GPU telemetry in the run: nothing says which machine
-    s = plan.exp.search
-    options = {"num_gpus": s.gpus_per_trial, "num_cpus": s.cpus_per_trial, "max_retries": 0}
-    if gpus_here is None or measure is None:
-        import ray
+    import ray
 
-        gpus_here = gpus_here or (lambda: ray.get(
-            ray.remote(machine_gpu_uuids).options(**options).remote()))
-        measure = measure or (lambda run_dir, local_dir: ray.get(
-            ray.remote(_baseline_task).options(**options).remote(plan.exp, run_dir, local_dir)))
-    here = gpus_here()
+    options = trial_resources(plan.exp)
+
+    def gpus_on_trial() -> list[str]:
+        return ray.get(ray.remote(machine_gpu_uuids).options(**options).remote())
+
+    def boot_on_trial(run_dir: str, local_dir: str) -> TrialResult:
+        return ray.get(ray.remote(_baseline_task).options(**options).remote(
+            plan.exp, run_dir, local_dir))
+
+    here = (gpus_here or gpus_on_trial)()
     if set(old) & set(here):
         return
     if not here:
@@ -91,17 +91,18 @@ def check_machine(plan: RunPlan, found: Sequence[LevelSummary], *,
     say(f"baseline: this run's was measured on {short_gpus(old)}, which this machine does not "
         f"have ({short_gpus(here)}): measuring it here once, in {CHECK_DIR}/{stamp}, to see "
         "whether trials measured here compare with those measured there")
-    result = measure(f"{str(plan.run_dir).rstrip('/')}/{CHECK_DIR}/{stamp}",
-                     str(plan.local_dir / CHECK_DIR / stamp))
+    result = (measure or boot_on_trial)(f"{str(plan.run_dir).rstrip('/')}/{CHECK_DIR}/{stamp}",
+                                         str(plan.local_dir / CHECK_DIR / stamp))
     if result.status != "ok":
         raise SearchStopped(f"the no-speculation baseline on this machine {result.status}, so "
                             f"the resumed search stopped before any trial: {result.reason}")
-    why = machine_verdict(found, result.levels, plan.exp.level_weights(), s.noise_band,
+    band = plan.exp.search.noise_band
+    why = machine_verdict(found, result.levels, plan.exp.level_weights(), band,
                           short_gpus(old))
     if why is not None:
         raise SearchStopped(why)
     say(f"baseline: this machine serves it as the run's did ({ratios(found, result.levels)}, "
-        f"within the noise band +-{s.noise_band:.1%}): going on")
+        f"within the noise band +-{band:.1%}): going on")
 
 
 def machine_verdict(old: Sequence[LevelSummary], new: Sequence[LevelSummary],
@@ -110,10 +111,10 @@ def machine_verdict(old: Sequence[LevelSummary], new: Sequence[LevelSummary],
     mean log ratio over the levels, the shift it would give every score measured here, within
     the noise band; else the line that stops the search."""
     shift = scalar_score(new, old, weights)
-    if shift is not None and abs(math.expm1(shift)) <= band:
+    moved = None if shift is None else math.expm1(shift)
+    if moved is not None and abs(moved) <= band:
         return None
-    scale = "no level to compare" if shift is None else f"{math.expm1(shift):+.1%} on the " \
-        "score's scale"
+    scale = "no level to compare" if moved is None else f"{moved:+.1%} on the score's scale"
     return (f"this machine serves the no-speculation baseline {ratios(old, new)} ({scale}) "
             f"against the machine this run began on ({where}), beyond the noise band "
             f"+-{band:.1%}: trials measured here would be ranked against trials measured "
@@ -136,6 +137,13 @@ def baseline_gpus(run_dir: str) -> list[str]:
     """The GPUs (NVML UUIDs) the run's baseline was sampled on; [] without its telemetry."""
     table = read_table(run_dir, "telemetry").select(["trial_id", "uuid"]).to_pylist()
     return sorted({r["uuid"] for r in table if r["trial_id"] == BASELINE_ID and r["uuid"]})
+
+
+def trial_resources(exp: Experiment) -> dict[str, Any]:
+    """Ray task options for a boot outside Tune (the baseline, its check on another machine,
+    the schedule's validation): one trial's GPUs and CPUs, no retry."""
+    s = exp.search
+    return {"num_gpus": s.gpus_per_trial, "num_cpus": s.cpus_per_trial, "max_retries": 0}
 
 
 def _baseline_task(exp: Experiment, run_dir: str, local_dir: str) -> TrialResult:

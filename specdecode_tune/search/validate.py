@@ -69,15 +69,13 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     sched = recommend.schedule(data)
     if sched.withheld:
         return [], f"schedule validation: not booted. {sched.withheld}"
-    best = data.best
-    steps = int(best.param(STEPS) or 0) if best is not None else 0
-    chain = best is not None and best.param(TOPK) in (None, 1) and steps > 0
-    if recommend.same_steps_everywhere(best, sched.chain):
+    uniform = recommend.uniform_steps(data.best, sched.chain)
+    if uniform:
         # Its boot and the same-steps one would be one server twice, measuring only the
         # per-batch-size mode's own cost of a schedule nobody would run (the report writes
         # no file for it).
         return [], (f"schedule validation: not booted. The schedule runs the static config's "
-                    f"steps ({steps}) at every level: nothing to switch")
+                    f"steps ({uniform}) at every level: nothing to switch")
     mine = backend.schedule_file(exp.backend, sched.ask) if sched.ask is not None else None
     if mine is None or mine.content is None or sched.params is None:
         return [], "schedule validation: no schedule to boot (no level is best with speculation)"
@@ -86,7 +84,9 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     path = _write(folder, mine.file_name, mine.content)
     first = int(sched.params[STEPS])
     trials = [(SCHEDULE_ID, schedule_trial_params(backend, exp.backend, sched.params, first, path))]
-    if chain and best is not None:
+    best = data.best
+    steps = int(best.param(STEPS) or 0) if best is not None else 0
+    if best is not None and best.param(TOPK) in (None, 1) and steps > 0:
         same_steps = backend.schedule_file(exp.backend, ScheduleAsk(slots=((1, steps),)))
         if same_steps is None or same_steps.content is None:
             return trials, ""
@@ -110,7 +110,7 @@ def run_validation(plan: RunPlan) -> list[TrialResult]:
     import ray
 
     from ..store import read_table
-    from .baseline import existing_baseline
+    from .baseline import existing_baseline, trial_resources
 
     done = {r["trial_id"] for r in read_table(plan.run_dir, "trials").to_pylist()
             if r["trial_id"] in (SCHEDULE_ID, SAME_ID)}
@@ -121,9 +121,7 @@ def run_validation(plan: RunPlan) -> list[TrialResult]:
     if not trials:
         say(why)
         return []
-    s = plan.exp.search
-    task = ray.remote(_validation_task).options(num_gpus=s.gpus_per_trial,
-                                                 num_cpus=s.cpus_per_trial, max_retries=0)
+    task = ray.remote(_validation_task).options(**trial_resources(plan.exp))
     say("schedule validation: booting the emitted schedule once"
         + (" and the mode with the static steps everywhere (its own cost)"
            if len(trials) > 1 else ""))

@@ -83,11 +83,9 @@ def pick(option: Option, best_score: float, band: float | None, per_level: bool,
         # The stop rule's question (is any free point worth a boot?) is asked beside running
         # boots too: a point's gain counts over what they reach in the same draw (`believed`),
         # so a neighbour that gains only where a running boot fails is worth no boot.
-        over_ref = gain
-        if option.believed is not None:
-            ref = np.maximum(best_score, option.believed)[:, None]
-            over_ref = np.where(feasible, np.maximum(scores - ref, 0.0), 0.0)
-        over = np.maximum(over_ref - band, 0.0).mean(axis=0)
+        ref = best_score if option.believed is None else \
+            np.maximum(best_score, option.believed)[:, None]
+        over = np.where(feasible, np.maximum(scores - ref - band, 0.0), 0.0).mean(axis=0)
         beyond = float(over[free].max())
     level_note = ""
     if per_level:
