@@ -241,3 +241,11 @@ def get_backend(kind: str) -> Backend:
     except KeyError:
         raise ValueError(f"backend kind must be one of {sorted(BACKENDS)}, got {kind!r}") \
             from None
+
+
+def schedule_refusal(cfg: BackendConfig) -> str:
+    """'' where the experiment's engine and release boot a per-batch-size schedule from a
+    file, else one line on why not. Asked with no settings and no file (before one is
+    written): a backend that reads the file to boot it says only whether it can."""
+    _, why = get_backend(cfg.kind).schedule_params(cfg, {}, "")
+    return why

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files
+from ..backends import ScheduleAsk, ScheduleFile, get_backend, schedule_files, schedule_refusal
 from ..config import Experiment
 from ..objective import compare, pct
 from ..space import DRAFT, SHORT_NAMES, STEPS, TOPK
@@ -289,7 +289,7 @@ def _emitted(data: RunData, all_e: tuple[Entry, ...], chain: tuple[Entry, ...],
     if exp is not None:
         # Where the experiment's engine and release boot no schedule from a file, its
         # backend's one line on why not.
-        _, why = get_backend(exp.backend.kind).schedule_params(exp.backend, ask.params, "")
+        why = schedule_refusal(exp.backend)
         if why:
             notes.append(why)
     return Schedule(all_e, chain, tuple(files), tuple(notes), ask=ask)

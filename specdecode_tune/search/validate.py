@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from ..backends import Backend, ScheduleAsk, get_backend
+from ..backends import Backend, ScheduleAsk, get_backend, schedule_refusal
 from ..config import BackendConfig, Experiment
 from ..objective import scalar_score
 from ..records import TrialResult
@@ -62,7 +62,7 @@ def plan_validation(plan: RunPlan) -> tuple[list[tuple[str, dict[str, Any]]], st
     exp = plan.exp
     backend = get_backend(exp.backend.kind)
     # Whether this engine and release boot a schedule file at all: asked before the run is read.
-    _, why = backend.schedule_params(exp.backend, {}, "x.json")
+    why = schedule_refusal(exp.backend)
     if why:
         return [], f"schedule validation: not booted. {why}"
     data = read_run(plan.run_dir, exp)
