@@ -38,7 +38,9 @@ class MeasureConfig:
     # of the figure, at least `min_rounds`, at most `max_duration_s` after the warm-up. None:
     # the fixed window `duration_s`. Open-loop rates always use `duration_s`.
     precision: float | None = None
-    min_rounds: int = 3
+    # 30: on real servers one round's figure is not independent of the next, and fewer rounds
+    # stopped levels on chance agreement (benchmarks/stop_rule.py).
+    min_rounds: int = 30
     max_duration_s: float = 60.0
 
     @property
@@ -74,7 +76,7 @@ class MeasureConfig:
         for key in ("min_rounds", "max_duration_s"):
             if precision is None and key in t.data:
                 raise t.fail(key, t.data[key], "only used with measure.precision")
-        min_rounds = t.get("min_rounds", int, 3)
+        min_rounds = t.get("min_rounds", int, 30)
         if min_rounds < 2:
             raise t.fail("min_rounds", min_rounds, "must be >= 2 (an interval needs two "
                                                    "rounds)")

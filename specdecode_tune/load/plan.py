@@ -32,7 +32,7 @@ class LevelPlan:
     # acceptance) is within this relative half-width (load/rounds.py), with at least
     # `min_rounds`; None: a fixed window of `duration_s`.
     precision: float | None = None
-    min_rounds: int = 3
+    min_rounds: int = 30
     # Requests a round holds: the server runs min(C, its running limit) at once, so a loop
     # over the limit is served in waves of the limit (the trial sets it from the server's
     # facts); None: the concurrency.

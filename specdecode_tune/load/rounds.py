@@ -23,7 +23,7 @@ the simulator, issue 35). Here a level is measured in whole rounds instead:
   27-46 rounds in 3 of 18 levels of a real SGLang server (H100, 2026-12-06), once a mid-level
   slow span that put the level 10% high, and, chosen anew each time the stop is asked, it
   can pick the cut that makes the kept rounds look precise (`benchmarks/warmup_truncation.py`);
-- the level ends at the first complete round where at least `min_rounds` batches are kept and
+- the level ends at the first complete round where at least `min_rounds` rounds are kept and
   the 95% interval of each figure is within the target relative precision; or at the cap, with
   the precision it reached.
 
@@ -34,15 +34,27 @@ Analysis*, 3rd ed. 2000, section 9.5.3: the delta-method variance of the ratio e
 Student t quantile for K - 1 degrees of freedom). Where the requests have drifted apart, the
 tau_k are no longer regenerations; the same interval is then batch means with a round as the
 batch (Law & Kelton section 9.5.2), valid as far as one round's figure is nearly independent
-of the next. Both ends of the kept span are round completions, the same point of the loop's
-cycle, so no round is cut at a phase that biases the figure.
+of the next. On real servers with ShareGPT traffic it is not: requests of uneven length span
+rounds, neighbouring prompts are alike, the server's speed wanders over seconds; a served vLLM
+search (H100, 2026-12-07) ended 3 of 30 levels after 2-7 kept rounds "known to +-1.4-1.9%",
+one 17% below the same point's other boot, while its other levels ran 20 s to +-2.7-8.2%.
+So from 2 x GROUPS kept rounds on, the interval is over GROUPS batches of consecutive rounds
+(`groups`), each batch growing with the level while their number stays: batch means with a
+fixed number of batches (Schmeiser 1982), whose interval holds once a batch is long against
+the rounds' correlation. Replayed on the real rounds of both engines
+(`benchmarks/stop_rule.py`), with at least 30 rounds kept the stops before the cap fell
+within 2.4% (SGLang) and 4.3% (vLLM) of the whole level's figure, against 13% and 79% with
+the interval over rounds and 2 rounds. Both ends of the kept span are round completions, the
+same point of the loop's cycle, so no round is cut at a phase that biases the figure.
 
 The stop is the relative-precision sequential procedure of Law & Kelton (section 9.4.1, after
 Law, Kelton & Koenig 1981): stop at the first K with half-width / |estimate| <= g / (1 + g),
 which puts the estimate within a relative error g of the mean with probability about 0.95.
 Its coverage is asymptotic (Chow & Robbins 1965): with few rounds it falls short where rounds
-vary a lot, as a stop can follow rounds that agree by chance; `min_rounds` and the t quantile
-guard against that, and docs/search-efficiency.md measures how it holds on the simulator.
+vary a lot, as a stop can follow rounds that agree by chance; `min_rounds` (30 unless the
+experiment says: the simulator's lock-stepped rounds of alike requests, regeneration cycles
+drawn alike, keep 2), the batches and the t quantile guard against that;
+docs/search-efficiency.md measures how it holds on the simulator and on real rounds.
 """
 
 from __future__ import annotations
@@ -58,6 +70,14 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
+
+# The interval's batches from 2 x GROUPS kept rounds on: GROUPS batches of consecutive rounds
+# (batch means with a fixed number of batches, their size growing with the level: Schmeiser,
+# "Batch size effects in the analysis of simulation output", Operations Research 30(3), 1982,
+# who finds 10 to 30 batches the range to use; Law & Kelton section 9.5.2). A round as the
+# batch assumes one round's figure nearly independent of the next: on real servers with
+# ShareGPT traffic it is not (benchmarks/stop_rule.py).
+GROUPS = 10
 
 # MSER's window: the rounds after `warmup_s` where a start-up is looked for. The start-ups seen
 # on the H100 (a first round longer than warmup_s at C=64, a first round of slots filling and
@@ -155,20 +175,40 @@ class Known:
         return all(f.rel_half is not None and f.rel_half <= goal for f in figures)
 
 
+def groups(kept: Sequence[Batch], n: int = GROUPS) -> list[Sequence[Batch]]:
+    """The batches of the interval: each round its own below 2 n rounds; from 2 n on, n
+    batches of consecutive rounds (their sizes differ by at most one, the earlier ones the
+    larger), so a batch grows with the level while their number stays (Schmeiser 1982)."""
+    k = len(kept)
+    if k < 2 * n:
+        return [kept[i:i + 1] for i in range(k)]
+    size, extra = divmod(k, n)
+    out, i = [], 0
+    for j in range(n):
+        m = size + (1 if j < extra else 0)
+        out.append(kept[i:i + m])
+        i += m
+    return out
+
+
 def known(batches: Sequence[Batch], first: int = 0,
-          start_rounds: int = START_ROUNDS) -> Known | None:
+          start_rounds: int = START_ROUNDS, n_groups: int = GROUPS) -> Known | None:
     """The level's tok/s and acceptance over `batches`, the first `first` of them not counted
     (a warm-up in seconds) and then MSER's warm-up among the next `start_rounds`; None without
-    a batch."""
+    a batch. The figures are ratios of sums over the kept rounds; their intervals are over
+    `groups` of them (`n_groups`; a very large one: each round its own batch, the rule until
+    2026-12-07)."""
     usable = list(batches[first:])
     if not usable:
         return None
     d = mser([b.tok_s for b in usable[:start_rounds]])
     kept = usable[d:]
-    tok = ratio([b.tokens for b in kept], [b.seconds for b in kept])
+    gs = groups(kept, n_groups)
+    tok = ratio([sum(b.tokens for b in g) for g in gs], [sum(b.seconds for b in g) for g in gs])
     acc = None
     if all(b.verify_ct > 0 for b in kept):
-        acc = ratio([b.done_tokens for b in kept], [float(b.verify_ct) for b in kept])
+        acc = ratio([sum(b.done_tokens for b in g) for g in gs],
+                    [float(sum(b.verify_ct for b in g)) for g in gs])
     return Known(rounds=len(batches), warmup=first + d, tok_s=tok, accept=acc,
                  start=kept[0].start, end=kept[-1].end)
 

@@ -129,7 +129,7 @@ def test_measure_by_precision_or_by_a_fixed_window(tmp_path: Path) -> None:
     assert fixed.precision is None and fixed.window_s == 5.0
     rule = load_experiment(write(tmp_path, GOOD.replace(
         "duration_s = 5", "precision = 0.02\nmax_duration_s = 30"))).measure
-    assert (rule.precision, rule.min_rounds, rule.window_s) == (0.02, 3, 30.0)
+    assert (rule.precision, rule.min_rounds, rule.window_s) == (0.02, 30, 30.0)
 
 
 def test_space_with_no_valid_config(tmp_path: Path) -> None:
