@@ -9,14 +9,20 @@ trial is set against
 
 - the best static config (the recommendation) at that level;
 - the best config measured for that level alone (what the per-level figures expected);
-- its own tier's static config: the static chain with the steps the schedule runs there. A
-  schedule below it beyond noise lost something by switching (a threshold collapse: a batch
-  crossing a key, a smaller KV pool), not by its choice of steps;
+- its own tier's static config: the static chain with the steps the schedule runs there;
 
-each as a noise verdict with the level's band. The schedule is recommended only where it beats
-the static config beyond noise at some level and loses beyond noise at none; otherwise the
-report recommends the static config and says why, with what was measured, not what the
-per-level figures expected.
+each as a noise verdict with the level's band. A threshold collapse is a loss from switching (a
+batch crossing a key, a KV pool sized for the largest steps), beyond what the mode itself
+costs. Where schedule-same measured the level, the schedule is judged against its tier as the
+mode would run it: the tier's tok/s times the mode's cost there (schedule-same over the static
+server), so where the schedule runs the static best's steps this is schedule against
+schedule-same. Below it beyond noise is a collapse; below the static tier but not below that is
+the mode's own cost. Where no schedule-same was measured (a tree static best, or a failed
+boot), a schedule below its static tier beyond noise is a collapse.
+
+The schedule is recommended only where it beats the static config beyond noise at some level
+and loses beyond noise at none; otherwise the report recommends the static config and says why,
+with what was measured, not what the per-level figures expected.
 """
 
 from __future__ import annotations
@@ -47,10 +53,25 @@ class LevelCheck:
     same_tok_s: float | None            # the mode with the static steps everywhere
     mode_cost: str                      # schedule-same against the static server
     band: float
+    # The tier as the mode would run it: tier_tok_s x same_tok_s / static_tok_s; None where
+    # schedule-same did not measure this level.
+    tier_mode_tok_s: float | None = None
+    vs_tier_mode: str = "n/a"
 
     @property
     def collapse(self) -> bool:
+        """Lost by switching: below the tier in the mode beyond noise where schedule-same
+        measured this level, else below the static tier beyond noise."""
+        if self.tier_mode_tok_s is not None:
+            return self.vs_tier_mode == "worse"
         return self.vs_tier == "worse"
+
+    @property
+    def mode_explains(self) -> bool:
+        """Below the static tier beyond noise, but not below it in the mode: the loss is the
+        mode's own cost."""
+        return self.vs_tier == "worse" and self.tier_mode_tok_s is not None \
+            and not self.collapse
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,14 @@ def _ratio(a: float | None, b: float | None) -> str:
     if a is None or not b:
         return "-"
     return f"{(a / b - 1) * 100:+.1f}%"
+
+
+def _in_mode(tier: float | None, same: float | None, static: float | None) -> float | None:
+    """The tier's tok/s as the per-batch-size mode would run it: scaled by the mode's measured
+    cost at the level (schedule-same over the static server); None where one is missing."""
+    if tier is None or same is None or static is None or min(tier, same, static) <= 0:
+        return None
+    return tier * same / static
 
 
 def steps_at(slots: tuple[tuple[int, int], ...], batch: int) -> int:
@@ -103,16 +132,19 @@ def validate(data: RunData, slots: tuple[tuple[int, int], ...]) -> Validation | 
                  and cf.tok_s(c) is not None]
         tier = max(tiers, key=lambda cf: cf.tok_s(c) or 0.0) if tiers else None
         same_lv = same.levels.get(c) if same is not None and same.status == "ok" else None
+        tier_tok = tier.tok_s(c) if tier else None
+        tier_mode = _in_mode(tier_tok, same_lv.output_tok_s if same_lv else None, static)
         checks.append(LevelCheck(
             c=c, steps=steps, tok_s=lv.output_tok_s, static_tok_s=static,
             vs_static=_verdict(lv.output_tok_s, static, band),
             alone=alone, alone_tok_s=alone.tok_s(c) if alone else None,
             vs_alone=_verdict(lv.output_tok_s, alone.tok_s(c) if alone else None, band),
-            tier=tier, tier_tok_s=tier.tok_s(c) if tier else None,
-            vs_tier=_verdict(lv.output_tok_s, tier.tok_s(c) if tier else None, band),
+            tier=tier, tier_tok_s=tier_tok,
+            vs_tier=_verdict(lv.output_tok_s, tier_tok, band),
             same_tok_s=same_lv.output_tok_s if same_lv else None,
             mode_cost=_verdict(same_lv.output_tok_s if same_lv else None, static, band),
-            band=band))
+            band=band, tier_mode_tok_s=tier_mode,
+            vs_tier_mode=_verdict(lv.output_tok_s, tier_mode, band)))
     recommended, why = _decide(trial, checks, data)
     return Validation(trial=trial, same=same, checks=tuple(checks), recommended=recommended,
                       why=why)
@@ -155,14 +187,14 @@ def _decide(trial: Trial, checks: list[LevelCheck], data: RunData) -> tuple[bool
 def table(data: RunData, v: Validation) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
     """The per-level table: (header, rows)."""
     head = ("level", "schedule steps", "schedule tok/s", "static best tok/s", "vs static",
-            "best for this level alone", "vs alone", "tier (same steps, static)", "vs tier",
+            "best for this level alone", "vs alone", "tier (same steps, static)",
+            "vs tier (static; in the mode where measured)",
             "mode cost (same steps everywhere vs static)")
     rows = []
     for k in v.checks:
         alone = "-" if k.alone is None else \
             f"{data.label(k.alone.params)}: {k.alone_tok_s:.1f}"
         tier = "-" if k.tier is None else f"{k.tier_tok_s:.1f}"
-        vs_tier = k.vs_tier + (" (threshold collapse)" if k.collapse else "")
         cost = "-" if k.same_tok_s is None else \
             f"{k.same_tok_s:.1f} ({_ratio(k.same_tok_s, k.static_tok_s)}, {k.mode_cost})"
         rows.append((f"C={k.c}", "no speculation" if k.steps == 0 else str(k.steps),
@@ -170,8 +202,51 @@ def table(data: RunData, v: Validation) -> tuple[tuple[str, ...], tuple[tuple[st
                      "-" if k.static_tok_s is None else f"{k.static_tok_s:.1f}",
                      f"{_ratio(k.tok_s, k.static_tok_s)} ({k.vs_static})", alone,
                      f"{_ratio(k.tok_s, k.alone_tok_s)} ({k.vs_alone})", tier,
-                     f"{_ratio(k.tok_s, k.tier_tok_s)} ({vs_tier})", cost))
+                     _vs_tier(k), cost))
     return head, tuple(rows)
+
+
+def _vs_tier(k: LevelCheck) -> str:
+    """The vs-tier cell: against the static tier and, where schedule-same measured the level,
+    against the tier in the mode, which decides a collapse there."""
+    static = f"{_ratio(k.tok_s, k.tier_tok_s)} ({k.vs_tier}"
+    if k.tier_mode_tok_s is None:
+        return static + (" (threshold collapse))" if k.collapse else ")")
+    why = (": threshold collapse" if k.collapse
+           else ": the mode's own cost explains it" if k.mode_explains else "")
+    return (f"{static}); vs tier in the mode {k.tier_mode_tok_s:.1f}: "
+            f"{_ratio(k.tok_s, k.tier_mode_tok_s)} ({k.vs_tier_mode}{why})")
+
+
+def _levels(checks: list[LevelCheck]) -> str:
+    return ", ".join(f"C={k.c}" for k in checks)
+
+
+def _collapse_para(checks: tuple[LevelCheck, ...]) -> str:
+    """The threshold collapses, and the losses the mode's own cost accounts for; "" where the
+    schedule is below its tier at no level."""
+    in_mode = [k for k in checks if k.collapse and k.tier_mode_tok_s is not None]
+    static = [k for k in checks if k.collapse and k.tier_mode_tok_s is None]
+    explained = [k for k in checks if k.mode_explains]
+    costs = ", ".join(f"C={k.c} {_ratio(k.same_tok_s, k.static_tok_s)}" for k in explained)
+    parts = []
+    if in_mode:
+        parts.append(f"Threshold collapse at {_levels(in_mode)}: the schedule runs below its "
+                     f"tier in the mode (the static server with the same steps, scaled by "
+                     f"schedule-same vs the static server) beyond noise, a loss from switching "
+                     f"beyond the mode's own cost.")
+    if static:
+        parts.append(f"Threshold collapse at {_levels(static)}: the schedule runs below the "
+                     f"static server with the same steps, beyond noise (no schedule-same "
+                     f"measured there to take out the mode's own cost).")
+    if explained and parts:
+        parts.append(f"At {_levels(explained)} the loss against the static tier is the mode's "
+                     f"own cost (schedule-same vs the static server: {costs}).")
+    elif explained:
+        parts.append(f"The losses are the per-batch-size mode's own cost (schedule-same vs the "
+                     f"static server): {costs}; against its tier in the mode the schedule is "
+                     f"within noise or better at every level.")
+    return " ".join(parts)
 
 
 def blocks(data: RunData, slots: tuple[tuple[int, int], ...]) -> list[r.Block]:
@@ -193,15 +268,16 @@ def blocks(data: RunData, slots: tuple[tuple[int, int], ...]) -> list[r.Block]:
            if t.facts.max_running_requests else "")
         + ". Per level: the schedule against the best static config, the best config measured "
           "for that level alone, and its own tier (the static chain with the steps it runs "
-          "there; below it beyond noise is a threshold collapse); the last column is the mode's "
-          "own cost, the static config's steps in every slot against the static server. "
-          "Verdicts use each level's noise band."))
+          "there); the last column is the mode's own cost, the static config's steps in every "
+          "slot against the static server. Where that was measured, the schedule is also set "
+          "against its tier in the mode (the tier's tok/s times the mode's cost at the level; "
+          "with the static config's steps, schedule against schedule-same): below it beyond "
+          "noise is a threshold collapse, a loss from switching; where it was not, below the "
+          "static tier beyond noise is. Verdicts use each level's noise band."))
     out.append(r.Table(head, rows))
-    collapses = [k.c for k in v.checks if k.collapse]
+    collapses = _collapse_para(v.checks)
     if collapses:
-        out.append(r.Para("Threshold collapse at " + ", ".join(f"C={c}" for c in collapses)
-                          + ": the schedule runs below the static server with the same steps, "
-                            "beyond noise."))
+        out.append(r.Para(collapses))
     out.append(r.Para(v.why))
     return out
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from test_report import SEED, Run
@@ -67,8 +69,86 @@ def test_a_threshold_collapse_is_flagged_and_the_static_config_recommended(
     assert by[16].collapse and by[16].vs_static == "worse"
     assert "falls below the static config beyond noise at C=16" in v.why
     assert "Recommended: the static config steps=4" in v.why
+    # No schedule-same: the static tier decides, and the paragraph says the mode was not
+    # taken out.
+    assert by[16].tier_mode_tok_s is None and by[16].vs_tier == "worse"
     md = Path(write_report(str(tmp_path)).path).read_text()
-    assert "Threshold collapse at C=16" in md
+    assert ("Threshold collapse at C=16: the schedule runs below the static server with the "
+            "same steps, beyond noise (no schedule-same measured there to take out the mode's "
+            "own cost).") in md
+    assert "| 1596.0 | -31.1% (worse (threshold collapse)) | - |" in md
+
+
+# vLLM 0.26.0 on an H100, 2026-12-07: the per-batch-size mode needs piecewise CUDA graphs, which
+# alone cost 45-71% (schedule-same against the static server).
+VLLM_LEVELS = "concurrency = [1, 16, 64]"
+VLLM_STATIC = {0: {1: 620.0, 16: 7400.0, 64: 19800.0},
+               2: {1: 950.0, 16: 10900.0, 64: 25600.0},
+               4: {1: 1165.8, 16: 12294.9, 64: 28100.7},
+               8: {1: 1270.9, 16: 10400.0, 64: 20500.0}}
+VLLM_SCHEDULE = {1: 234.3, 16: 3566.7, 64: 13233.4}       # steps 8 at C=1, 4 above
+VLLM_SAME = {1: 350.6, 16: 3605.1, 64: 15341.1}           # steps 4 everywhere
+
+
+def vllm_run(tmp_path: Path, sched_tok: dict[int, float]) -> Any:
+    from test_report import EXPERIMENT
+
+    run = Run(tmp_path, experiment=False, baseline=False)
+    text = EXPERIMENT.replace("concurrency = [1, 16]", VLLM_LEVELS, 1).replace(
+        "noise_band = 0.025", "noise_band = 0.03", 1)
+    assert VLLM_LEVELS in text and "noise_band = 0.03" in text
+    (tmp_path / "experiment.toml").write_text(text)
+    for steps, tok in VLLM_STATIC.items():
+        run.add("baseline" if steps == 0 else f"t{steps:02d}",
+                {"speculative_num_steps": steps}, tok)
+    run.add("schedule", {"speculative_num_steps": 8, **ADAPTIVE}, sched_tok, mrr=128)
+    run.add("schedule-same", {"speculative_num_steps": 4, **ADAPTIVE}, VLLM_SAME, mrr=128)
+    data = read_run(str(tmp_path))
+    assert data.best is not None and data.best.param("speculative_num_steps") == 4
+    assert data.level_bands == {1: 0.03, 16: 0.03, 64: 0.03}
+    v = validate(data, schedule(data).slots)
+    assert v is not None
+    return v, Path(write_report(str(tmp_path)).path).read_text()
+
+
+def test_the_modes_own_cost_is_no_threshold_collapse(tmp_path: Path) -> None:
+    """The schedule is judged against its tier as the mode runs it: the tier times schedule-same
+    over the static server. At C=16 it runs the static steps 4 and matches schedule-same (-1.1%):
+    the whole loss is the mode's. At C=1 (steps 8: 1270.9 x 350.6 / 1165.8 = 382.2) and C=64
+    (schedule-same itself, its KV pool sized for steps 8) it loses beyond that: collapses."""
+    v, md = vllm_run(tmp_path, VLLM_SCHEDULE)
+    by = {k.c: k for k in v.checks}
+    assert [by[c].steps for c in (1, 16, 64)] == [8, 4, 4]
+    assert all(k.vs_tier == "worse" and k.vs_static == "worse" for k in v.checks)
+    assert round(by[1].tier_mode_tok_s or 0, 1) == 382.2
+    # The static steps at C=16 and C=64: the tier is the static best, so schedule-same itself.
+    assert by[16].tier_mode_tok_s == pytest.approx(3605.1)
+    assert by[64].tier_mode_tok_s == pytest.approx(15341.1)
+    assert [(by[c].vs_tier_mode, by[c].collapse, by[c].mode_explains) for c in (1, 16, 64)] == [
+        ("worse", True, False), ("within noise", False, True), ("worse", True, False)]
+    assert ("| 12294.9 | -71.0% (worse); vs tier in the mode 3605.1: -1.1% (within noise: "
+            "the mode's own cost explains it) | 3605.1 (-70.7%, worse) |") in md
+    assert ("| 28100.7 | -52.9% (worse); vs tier in the mode 15341.1: -13.7% (worse: threshold "
+            "collapse) | 15341.1 (-45.4%, worse) |") in md
+    assert ("| 1270.9 | -81.6% (worse); vs tier in the mode 382.2: -38.7% (worse: threshold "
+            "collapse) | 350.6 (-69.9%, worse) |") in md
+    assert ("Threshold collapse at C=1, C=64: the schedule runs below its tier in the mode "
+            "(the static server with the same steps, scaled by schedule-same vs the static "
+            "server) beyond noise, a loss from switching beyond the mode's own cost. At C=16 "
+            "the loss against the static tier is the mode's own cost (schedule-same vs the "
+            "static server: C=16 -70.7%).") in md
+    assert "Recommended: the static config steps=4" in v.why and not v.recommended
+
+
+def test_where_the_mode_explains_every_loss_one_line_says_so(tmp_path: Path) -> None:
+    # C=1 and C=64 within noise of their tier in the mode (-0.6%, -0.9%): no collapse anywhere.
+    v, md = vllm_run(tmp_path, {**VLLM_SCHEDULE, 1: 380.0, 64: 15200.0})
+    assert not any(k.collapse for k in v.checks)
+    assert all(k.mode_explains for k in v.checks)
+    assert "Threshold collapse at" not in md and "threshold collapse)" not in md
+    assert ("The losses are the per-batch-size mode's own cost (schedule-same vs the static "
+            "server): C=1 -69.9%, C=16 -70.7%, C=64 -45.4%; against its tier in the mode the "
+            "schedule is within noise or better at every level.") in md
 
 
 def test_the_measurement_counts_over_the_per_level_figures(tmp_path: Path) -> None:
