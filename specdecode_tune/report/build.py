@@ -24,7 +24,7 @@ from .recommend import (
     schedule_json,
     schedule_line,
 )
-from .rundata import RunData
+from .rundata import SCHEDULE_IDS, Config, RunData
 from .verdicts import AxisVerdict
 from .words import band_pct, fmt_tok, fmt_value, pct_gain, shorten
 
@@ -122,9 +122,7 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     asked = questions_line(data)
     if asked:
         lines.append(asked)
-    once = (" (once: no repeat backs its figures; re-measure it before trusting a small "
-            "margin)" if best.n == 1 else "")
-    sure = f"How sure: best measured {best.n}x{once}; {band_text(data)}"
+    sure = f"How sure: best measured {best.n}x{_once(data, best)}; {band_text(data)}"
     ru = runner_up_line(data, rec)
     lines.append(sure + (f"; {ru}." if ru else "."))
     if sched.withheld:
@@ -143,6 +141,27 @@ def summary_lines(data: RunData, rec: Recommendation, verdicts: Sequence[AxisVer
     spent = trials.measure_seconds(data)
     lines.append(f"Trials: {trials.counts(data)}" + (f"; {spent}." if spent else "."))
     return lines
+
+
+def _once(data: RunData, best: Config) -> str:
+    """Why the best counts one measurement, where it does: no repeat, or repeats that were
+    suspect and left out (each with its reason); "" where more than one counts."""
+    if best.n != 1:
+        return ""
+    left_out = [t for t in data.trials if t.config_key == best.key and t.suspect
+                and t.trial_id not in SCHEDULE_IDS]
+    if not left_out:
+        return (" (once: no repeat backs its figures; re-measure it before trusting a small "
+                "margin)")
+    firsts = {t.repeat == 0 for t in left_out}
+    noun = ("measurement" if firsts == {True, False} else "first measurement" if firsts == {True}
+            else "re-measurement")
+    one = len(left_out) == 1
+    why = left_out[0].suspect_why if one else "; ".join(
+        f"{t.trial_id}: {t.suspect_why}" for t in left_out)
+    return (f" (once counted: its {noun}{'' if one else 's'} "
+            f"{', '.join(t.trial_id for t in left_out)} {'was' if one else 'were'} suspect "
+            f"({why}) and left out; re-measure it before trusting a small margin)")
 
 
 def measure_text(exp: Experiment | None) -> str:

@@ -358,6 +358,31 @@ def test_suspect_trials_are_left_out_and_listed(tmp_path: Path) -> None:
     assert "| s1 |" in section and "| s2 |" in section and "C=16: clocks throttled" in section
 
 
+def test_a_best_whose_re_measurement_was_suspect_says_so(tmp_path: Path) -> None:
+    """The "How sure" line of a best counted once: no repeat, or a repeat that was suspect and
+    left out, with its reason (the vLLM search of 2026-12-07: d8bf2e3d re-measured the best and
+    its C=64 level was flagged, yet the line said no repeat backed the figures)."""
+    run = seed_run(tmp_path / "once")
+    sure = next(line for line in write_report(str(tmp_path / "once")).summary_lines
+                if line.startswith("How sure: "))
+    assert sure.startswith("How sure: best measured 1x (once: no repeat backs its figures; "
+                           "re-measure it before trusting a small margin); ")
+    run = seed_run(tmp_path / "suspect")
+    run.add("d8bf2e3d", {"speculative_num_steps": 4}, SEED[4], repeat=1, level_suspect=(16,))
+    data = read_run(str(tmp_path / "suspect"))
+    assert data.best is not None and data.best.n == 1
+    sure = next(line for line in write_report(str(tmp_path / "suspect")).summary_lines
+                if line.startswith("How sure: "))
+    assert sure.startswith("How sure: best measured 1x (once counted: its re-measurement "
+                           "d8bf2e3d was suspect (C=16: clocks throttled) and left out; "
+                           "re-measure it before trusting a small margin); ")
+    # Counted twice: nothing about the suspect one in this line.
+    run.add("b2", {"speculative_num_steps": 4}, SEED[4], repeat=2)
+    sure = next(line for line in write_report(str(tmp_path / "suspect")).summary_lines
+                if line.startswith("How sure: "))
+    assert sure.startswith("How sure: best measured 2x; ")
+
+
 def test_infeasible_configs_are_shown(tmp_path: Path) -> None:
     run = seed_run(tmp_path)
     run.add("t12", {"speculative_num_steps": 12}, None, status="infeasible",
