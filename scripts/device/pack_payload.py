@@ -660,6 +660,10 @@ def write_hashed(dst: Path, sources: Iterable[tuple[Path, int, int | None]],
     return h.hexdigest()
 
 
+# The smallest part worth a call: the engine's largest wheels are cut into parts this size.
+MIN_PART_MIB = 8
+
+
 def room_beside_repository(call_mib: int = 64, spare_mib: int = 2) -> int:
     """The MiB a part may take so that the repository travels beside it in one call.
 
@@ -714,6 +718,13 @@ def main(argv: list[str] | None = None) -> int:
              "carried": [f"{n}=={v}" for n, v in carried], "on_image": skipped,
              "requirements": reqs, "engine": engine}
     part_mib = args.part_mib or room_beside_repository()
+    if args.part_mib is None and part_mib < MIN_PART_MIB:
+        # Untracked files git does not ignore (a virtual environment in the checkout) travel
+        # with every call: the parts would be too small to carry anything, or negative.
+        raise SystemExit(f"error: the working tree leaves {part_mib} MiB of a call's 64 beside "
+                         f"it (at least {MIN_PART_MIB} needed): its files that git does not "
+                         f"ignore travel with every call; ignore or remove the large ones "
+                         f"(git status --short), or give --part-mib")
     say(f"parts of at most {part_mib} MiB")
     dirs = pack(files, args.out, part_mib << 20, extra)
     report(dirs, files, engine)

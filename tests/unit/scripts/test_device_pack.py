@@ -430,3 +430,22 @@ def test_project_wheels_leave_the_engines_out(tmp_path):
     assert gs.install.wheels(work, manifest) == [work.payload / "a-1-py3-none-any.whl"]
     del manifest["wheels"]                 # a pack from before the engine route: every wheel
     assert len(gs.install.wheels(work, manifest)) == 2
+
+
+def test_a_working_tree_that_leaves_no_room_for_a_part_is_refused_in_one_line(tmp_path,
+                                                                               monkeypatch):
+    """An untracked virtual environment in the checkout (not ignored) travels with every call:
+    a helper's tree measured -952 MiB of room, and pack() then cut parts of no size."""
+    monkeypatch.setattr(pp, "requirements", lambda: ["optuna>=5"])
+    monkeypatch.setattr(pp, "resolve", lambda reqs, by="the project", leave_out=None:
+                        ([], {}, None, None))
+    monkeypatch.setattr(pp, "download", lambda pins, cache: [])
+    monkeypatch.setattr(pp, "llama_source", lambda cache, version: sized(tmp_path / "s.tgz", 9))
+    monkeypatch.setattr(pp, "image_packages", lambda: {})
+    monkeypatch.setattr(pp, "room_beside_repository", lambda: -952)
+    monkeypatch.setattr(pp, "pack", lambda *a, **k: pytest.fail("packed with no room"))
+    with pytest.raises(SystemExit) as info:
+        pp.main(["--out", str(tmp_path / "out")])
+    msg = str(info.value)
+    assert msg.startswith("error: the working tree leaves -952 MiB") and "\n" not in msg
+    assert "--part-mib" in msg
