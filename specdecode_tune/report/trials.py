@@ -8,7 +8,7 @@ of every figure of merit) and the infeasible, failed and pruned ones with their 
 from __future__ import annotations
 
 from . import render as r
-from .rundata import Config, RunData
+from .rundata import SCHEDULE_IDS, Config, RunData
 from .words import fmt_tok
 
 
@@ -43,6 +43,34 @@ def _plateau_why(cf: Config) -> str:
     return cf.bracket_reason or ""
 
 
+# Boots of one configuration whose KV pools differ by more than this share are named.
+KV_MOVE = 0.01
+
+
+def kv_moves(data: RunData) -> str:
+    """One paragraph naming the configurations whose KV pool (the server's own figure, in
+    tokens) differed between their boots; '' where none did. The engine sizes its pool at
+    each boot from what it measures then (vLLM 0.26.0 on an H100 gave 44,432 and 49,184 tokens
+    to boots of one config, 2026-12-07), and the levels where the pool binds move with it."""
+    pools: dict[str, list[tuple[str, int]]] = {}
+    for t in data.trials:
+        kv = t.facts.max_total_num_tokens
+        if t.status == "ok" and kv and not t.baseline and t.trial_id not in SCHEDULE_IDS:
+            pools.setdefault(t.config_key, []).append((t.trial_id, int(kv)))
+    parts = []
+    for cf in data.configs:
+        seen = pools.get(cf.key, [])
+        lo, hi = min((k for _, k in seen), default=0), max((k for _, k in seen), default=0)
+        if len(seen) > 1 and lo > 0 and hi / lo - 1 > KV_MOVE:
+            parts.append(f"{data.label(cf.params)}: " + ", ".join(
+                f"{k:,} ({tid})" for tid, k in seen) + f", {hi / lo - 1:+.1%}")
+    if not parts:
+        return ""
+    return ("The server's KV pool differed between boots of one configuration (the engine "
+            "sizes it at each boot from what it measures then; the levels where the pool "
+            "binds move with it): " + "; ".join(parts) + ".")
+
+
 def blocks(data: RunData) -> list[r.Block]:
     """The trials section: the counts, the configurations best first (with why the plateau
     question booted each), the suspect trials and the ones that measured nothing."""
@@ -58,6 +86,9 @@ def blocks(data: RunData) -> list[r.Block]:
                         + tuple(fmt_tok(cf.tok_s(c)) for c in data.levels)
                         + (_plateau_why(cf),))
         out.append(r.Table(head, tuple(rows)))
+        moved = kv_moves(data)
+        if moved:
+            out.append(r.Para(moved))
     else:
         out.append(r.Para("None."))
     out.append(r.Heading(3, "Suspect trials (left out of every figure of merit)"))

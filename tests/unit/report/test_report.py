@@ -91,7 +91,7 @@ class Run:
             bracket: str | None = None,
             mrr: int | None = None, score: float | None = None,
             predicted: dict[str, Any] | None = None,
-            answered: list[str] | None = None) -> None:
+            answered: list[str] | None = None, kv: int | None = None) -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
         steps = params.get("speculative_num_steps", 0)
         levels = []
@@ -101,7 +101,7 @@ class Run:
                       if c in level_suspect else "")
             store.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
             levels.append(s)
-        facts = ServerFacts(max_total_num_tokens=455357 - 40000 * steps,
+        facts = ServerFacts(max_total_num_tokens=kv or 455357 - 40000 * steps,
                             max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps))
         result = TrialResult(trial_id=trial_id, params=params, status=status, reason=reason,
                              facts=facts if status == "ok" else ServerFacts(),
@@ -766,3 +766,22 @@ def test_a_schedule_of_the_static_steps_everywhere_says_so(tmp_path: Path) -> No
     line = next(x for x in out.summary_lines if x.startswith("Per-level schedule"))
     assert line == ("Per-level schedule: steps=4 at every level, the static config's own: "
                     "nothing to switch.")
+
+
+def test_a_kv_pool_that_moved_between_boots_of_one_config_is_named(tmp_path: Path) -> None:
+    """vLLM 0.26.0 on an H100 (2026-12-07) sized K 4 at 0.0125 to 44,432 tokens at one boot and
+    49,184 at its re-measurement: the trials section names it; a pool that held is not."""
+    from specdecode_tune.report.trials import kv_moves
+
+    run = Run(tmp_path)
+    run.add("a", {"speculative_num_steps": 4}, SEED[4], kv=44_432)
+    run.add("b", {"speculative_num_steps": 4}, SEED[4], repeat=1, kv=49_184)
+    run.add("c", {"speculative_num_steps": 3}, SEED[3], kv=50_000)
+    run.add("d", {"speculative_num_steps": 3}, SEED[3], repeat=1, kv=50_100)
+    line = kv_moves(read_run(str(tmp_path)))
+    assert "44,432 (a), 49,184 (b), +10.7%" in line and "steps=4" in line
+    assert "steps=3" not in line and "\n" not in line
+    run2 = Run(tmp_path / "held")
+    run2.add("c", {"speculative_num_steps": 3}, SEED[3], kv=50_000)
+    run2.add("d", {"speculative_num_steps": 3}, SEED[3], repeat=1, kv=50_100)
+    assert kv_moves(read_run(str(tmp_path / "held"))) == ""
