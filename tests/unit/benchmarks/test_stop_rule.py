@@ -48,3 +48,34 @@ def test_the_vllm_rounds_rebuild_from_the_runs_requests_as_the_live_rule_read_th
         bs = lv[key]
         k = known(bs, warmup_rounds([b.end for b in bs], 0.0, 2.0))
         assert k is not None and abs(k.tok_s.value / live - 1) < 0.002
+
+
+def test_rebuild_makes_rounds_of_a_runs_requests(tmp_path) -> None:
+    """A C=2 level of four requests, two completing at 1.0 and 1.2 s (round 1), two at 2.0 and
+    2.4 s (round 2), and two cut at the level's end (3.0 s, in flight): two rounds, the tokens
+    of each chunk in the round it arrived in, the cut requests' tokens counted where they came."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, (start, end, n) in enumerate([(0.0, 1.0, 10), (0.0, 1.2, 12), (1.0, 2.0, 10),
+                                         (1.2, 2.4, 12), (2.0, 3.0, 10), (2.4, 3.0, 6)]):
+        gaps = [(end - start - 0.1) / (n - 1)] * (n - 1)
+        rows.append({"trial_id": "t", "level": 2, "start": start, "end": end, "ttft": 0.1,
+                     "output_tokens": n, "chunk_gaps": gaps, "verify_ct": None,
+                     "error": None, "index": i})
+    out = tmp_path / "run" / "tables" / "requests"
+    out.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "t-c2.parquet")
+    levels = sr.rebuild(tmp_path / "run")
+    bs = levels[("t", 2)]
+    assert [(round(b.start, 3), round(b.end, 3), b.completed) for b in bs] == [
+        (0.0, 1.2, 2), (1.2, 2.4, 2)]
+    # The chunks that arrived by 2.4 s: the four completed requests' 44 tokens (less a chunk
+    # on a round's end, by float sums) and the first of the cut one's (chunks at 2.1-2.3).
+    assert 44 <= sum(b.tokens for b in bs) <= 48
+    table = tmp_path / "rounds.parquet"
+    sr.write(levels, table)
+    back = sr.load(table)
+    assert [(b.start, b.end, b.tokens) for b in back[("t", 2)]] == \
+        [(b.start, b.end, b.tokens) for b in bs]
