@@ -71,8 +71,9 @@ def test_rebuild_makes_rounds_of_a_runs_requests(tmp_path) -> None:
     bs = levels[("t", 2)]
     assert [(round(b.start, 3), round(b.end, 3), b.completed) for b in bs] == [
         (0.0, 1.2, 2), (1.2, 2.4, 2)]
-    # The chunks that arrived by 2.4 s: the four completed requests' 44 tokens (less a chunk
-    # on a round's end, by float sums) and the first of the cut one's (chunks at 2.1-2.3).
+    # The chunks that arrived by the last round's end (2.4 s): the four completed requests'
+    # 44 tokens and those of the cut requests' chunks before it (the one sent at 2.0: 2.1-2.4;
+    # a chunk on a boundary falls either side by float sums), at most 48.
     assert 44 <= sum(b.tokens for b in bs) <= 48
     table = tmp_path / "rounds.parquet"
     sr.write(levels, table)
