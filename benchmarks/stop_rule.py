@@ -46,6 +46,9 @@ from specdecode_tune.load.scheduler import warmup_rounds
 HERE = Path(__file__).resolve().parent / "data" / "recording"
 TABLES = {"SGLang 0.5.17": HERE / "sglang-gpu-h100-rounds.parquet",
           "vLLM 0.26.0": HERE / "vllm-gpu-h100-rounds.parquet"}
+# Each engine's window cap after the warm-up, as its experiments have it (sglang-gpu: 30 s,
+# vllm-gpu: 20 s); --cap-s replaces both.
+CAPS = {"SGLang 0.5.17": 30.0, "vLLM 0.26.0": 20.0}
 RUNNING_LIMIT = 64          # both runs' --max-running-requests / --max-num-seqs
 # The interval over rounds, each its own batch (the rule until 2026-12-07), and over GROUPS
 # batches of rounds from 2 x GROUPS rounds on (the rule since).
@@ -128,8 +131,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--min-rounds", default="2,3,5,10,20")
     ap.add_argument("--precision", type=float, default=0.02)
     ap.add_argument("--warmup-s", type=float, default=2.0)
-    ap.add_argument("--cap-s", type=float, default=20.0,
-                    help="the window's cap after the warm-up (the vLLM run's 20 s)")
+    ap.add_argument("--cap-s", type=float, default=None,
+                    help="the window's cap after the warm-up (default: each engine's "
+                         "experiments', SGLang 30 s, vLLM 20 s)")
     ap.add_argument("--rebuild", type=Path, help="a run dir: write its rounds to --out")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -150,20 +154,21 @@ def main(argv: list[str]) -> int:
             print(f"{engine}: no table at {path}")
             continue
         levels = load(path)
+        cap = a.cap_s if a.cap_s is not None else CAPS[engine]
         for (interval, n_groups), m in itertools.product(INTERVALS.items(), mins):
             n = stopped = wrong = 0
             errs, secs = [], []
             for bs in levels.values():
                 first = warmup_rounds([b.end for b in bs], 0.0, a.warmup_s)
                 whole = known(bs, first)
-                if whole is None or whole.tok_s is None or bs[-1].end < a.warmup_s + a.cap_s - 3:
+                if whole is None or whole.tok_s is None or bs[-1].end < a.warmup_s + cap - 3:
                     continue        # a level that stopped early itself: no whole figure
                 truth = whole.tok_s.value
                 starts = [(bs, a.warmup_s)] + [(shifted(bs[j:]), 0.0)
                                               for j in range(whole.warmup, len(bs) - 2)]
                 for sub, w in starts:
                     n += 1
-                    got = stop(sub, w, a.precision, m, w + a.cap_s, n_groups)
+                    got = stop(sub, w, a.precision, m, w + cap, n_groups)
                     if got is None:
                         continue
                     stopped += 1

@@ -43,7 +43,7 @@ So from 2 x GROUPS kept rounds on, the interval is over GROUPS batches of consec
 fixed number of batches (Schmeiser 1982), whose interval holds once a batch is long against
 the rounds' correlation. Replayed on the real rounds of both engines
 (`benchmarks/stop_rule.py`), with at least 30 rounds kept the stops before the cap fell
-within 2.4% (SGLang) and 4.3% (vLLM) of the whole level's figure, against 13% and 79% with
+within 2.2% (SGLang) and 4.3% (vLLM) of the whole level's figure, against 13% and 79% with
 the interval over rounds and 2 rounds. Both ends of the kept span are round completions, the
 same point of the loop's cycle, so no round is cut at a phase that biases the figure.
 
