@@ -39,6 +39,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from warmup_truncation import PER_ROUND, replay
+from warmup_truncation import levels as load
 
 from specdecode_tune.load.rounds import GROUPS, Batch, Stream, batches, known
 from specdecode_tune.load.scheduler import warmup_rounds
@@ -52,7 +54,7 @@ CAPS = {"SGLang 0.5.17": 30.0, "vLLM 0.26.0": 20.0}
 RUNNING_LIMIT = 64          # both runs' --max-running-requests / --max-num-seqs
 # The interval over rounds, each its own batch (the rule until 2026-12-07), and over GROUPS
 # batches of rounds from 2 x GROUPS rounds on (the rule since).
-INTERVALS = {"rounds": 1 << 30, f"{GROUPS} batches": GROUPS}
+INTERVALS = {"rounds": PER_ROUND, f"{GROUPS} batches": GROUPS}
 
 
 def rebuild(run_dir: Path) -> dict[tuple[str, int], list[Batch]]:
@@ -88,6 +90,7 @@ def rebuild(run_dir: Path) -> dict[tuple[str, int], list[Batch]]:
 
 
 def write(levels: dict[tuple[str, int], list[Batch]], path: Path) -> None:
+    """The rounds as `warmup_truncation.levels` (`load` here) reads them back."""
     rows = [{"trial_id": t, "concurrency": c, "round": i, "start": b.start, "end": b.end,
              "tokens": b.tokens, "done_tokens": b.done_tokens, "verify_ct": b.verify_ct,
              "completed": b.completed}
@@ -95,27 +98,13 @@ def write(levels: dict[tuple[str, int], list[Batch]], path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def load(path: Path) -> dict[tuple[str, int], list[Batch]]:
-    out: dict[tuple[str, int], list[Batch]] = {}
-    for r in sorted(pq.read_table(path).to_pylist(),
-                    key=lambda r: (r["trial_id"], r["concurrency"], r["round"])):
-        out.setdefault((r["trial_id"], r["concurrency"]), []).append(Batch(
-            r["start"], r["end"], r["tokens"], r["done_tokens"], r["verify_ct"],
-            r["completed"]))
-    return out
-
-
 def stop(bs: list[Batch], warmup_s: float, precision: float, min_rounds: int,
          cap_s: float, n_groups: int = GROUPS) -> tuple[float, float] | None:
     """The rule replayed on `bs` (times from the level's start): (seconds, tok/s) where it
     stopped before `cap_s`, None where it ran to the cap."""
-    for k in range(1, len(bs) + 1):
-        if bs[k - 1].end > cap_s:
-            return None
-        sub = bs[:k]
-        kn = known(sub, warmup_rounds([b.end for b in sub], 0.0, warmup_s),
-                   n_groups=n_groups)
-        if kn is not None and kn.tok_s is not None and kn.met(precision, min_rounds):
+    for k, kn in replay(bs, warmup_s, cap_s, n_groups=n_groups):
+        if kn.met(precision, min_rounds):
+            assert kn.tok_s is not None
             return bs[k - 1].end, kn.tok_s.value
     return None
 

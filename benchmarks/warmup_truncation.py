@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from specdecode_tune.load.rounds import START_ROUNDS, Batch, known
+from specdecode_tune.load.rounds import START_ROUNDS, Batch, Known, known
 from specdecode_tune.load.scheduler import warmup_rounds
 
 DEFAULT = Path(__file__).resolve().parent / "data" / "recording" / \
@@ -62,17 +63,26 @@ WHOLE_LEVEL = 1 << 30
 PER_ROUND = 1 << 30
 
 
+def replay(bs: list[Batch], warmup_s: float, cap_s: float,
+           start_rounds: int = START_ROUNDS, n_groups: int = PER_ROUND
+           ) -> Iterator[tuple[int, Known]]:
+    """What the rule knows at each complete round that ended by `cap_s` (times from the
+    level's start): (rounds so far, the figures), as the live rule asks after each round."""
+    for k in range(1, len(bs) + 1):
+        if bs[k - 1].end > cap_s:
+            return
+        sub = bs[:k]
+        kn = known(sub, first_rounds(sub, warmup_s), start_rounds, n_groups)
+        if kn is not None and kn.tok_s is not None:
+            yield k, kn
+
+
 def live(bs: list[Batch], warmup_s: float, precision: float, min_rounds: int,
          cap_s: float, start_rounds: int = START_ROUNDS) -> tuple[int, int, float]:
     """The live rule replayed: (rounds when it stopped, rounds dropped, tok/s)."""
     last = None
-    for k in range(1, len(bs) + 1):
-        if bs[k - 1].end > cap_s:
-            break
-        sub = bs[:k]
-        kn = known(sub, first_rounds(sub, warmup_s), start_rounds, PER_ROUND)
-        if kn is None or kn.tok_s is None:
-            continue
+    for k, kn in replay(bs, warmup_s, cap_s, start_rounds):
+        assert kn.tok_s is not None
         last = (k, kn.warmup, kn.tok_s.value)
         if kn.met(precision, min_rounds):
             break
