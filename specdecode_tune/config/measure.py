@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from .reader import Table
 
+# The rounds a level keeps before the precision rule may stop it, unless the experiment says:
+# on real servers one round's figure is not independent of the next, and fewer rounds stopped
+# levels on chance agreement (benchmarks/stop_rule.py, load/rounds.py).
+MIN_ROUNDS = 30
+
 # "schedule": the search aims at the best config at every level (what a per-batch-size
 # schedule can use), scored as "scalar" for Tune; it ends with the schedule's validation trial.
 # "goodput": requests/s that met every latency target (load/slo.py).
@@ -38,9 +43,7 @@ class MeasureConfig:
     # of the figure, at least `min_rounds`, at most `max_duration_s` after the warm-up. None:
     # the fixed window `duration_s`. Open-loop rates always use `duration_s`.
     precision: float | None = None
-    # 30: on real servers one round's figure is not independent of the next, and fewer rounds
-    # stopped levels on chance agreement (benchmarks/stop_rule.py).
-    min_rounds: int = 30
+    min_rounds: int = MIN_ROUNDS
     max_duration_s: float = 60.0
 
     @property
@@ -76,7 +79,7 @@ class MeasureConfig:
         for key in ("min_rounds", "max_duration_s"):
             if precision is None and key in t.data:
                 raise t.fail(key, t.data[key], "only used with measure.precision")
-        min_rounds = t.get("min_rounds", int, 30)
+        min_rounds = t.get("min_rounds", int, MIN_ROUNDS)
         if min_rounds < 2:
             raise t.fail("min_rounds", min_rounds, "must be >= 2 (an interval needs two "
                                                    "rounds)")

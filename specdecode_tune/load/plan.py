@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeGuard
 
+from ..config.measure import MIN_ROUNDS
 from ..errors import ConfigError
 
 
@@ -32,7 +33,7 @@ class LevelPlan:
     # acceptance) is within this relative half-width (load/rounds.py), with at least
     # `min_rounds`; None: a fixed window of `duration_s`.
     precision: float | None = None
-    min_rounds: int = 30
+    min_rounds: int = MIN_ROUNDS
     # Requests a round holds: the server runs min(C, its running limit) at once, so a loop
     # over the limit is served in waves of the limit (the trial sets it from the server's
     # facts); None: the concurrency.
