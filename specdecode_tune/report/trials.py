@@ -60,10 +60,10 @@ def kv_moves(data: RunData) -> str:
     parts = []
     for cf in data.configs:
         seen = pools.get(cf.key, [])
-        lo, hi = min((k for _, k in seen), default=0), max((k for _, k in seen), default=0)
-        if len(seen) > 1 and lo > 0 and hi / lo - 1 > KV_MOVE:
+        move = max(k for _, k in seen) / min(k for _, k in seen) - 1 if seen else 0.0
+        if move > KV_MOVE:
             parts.append(f"{data.label(cf.params)}: " + ", ".join(
-                f"{k:,} ({tid})" for tid, k in seen) + f", {hi / lo - 1:+.1%}")
+                f"{k:,} ({tid})" for tid, k in seen) + f", {move:+.1%}")
     if not parts:
         return ""
     return ("The server's KV pool differed between boots of one configuration (the engine "
