@@ -33,7 +33,7 @@ import math
 import statistics
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
 from pathlib import Path
@@ -78,6 +78,7 @@ class Boot:
     tok_s: dict[int, float]              # per closed-loop level measured
     levels: tuple[dict[str, Any], ...]   # the "measured" attr's levels
     facts: dict[str, int | None]
+    window_s: dict[int, float] = field(default_factory=dict)   # each level's window, seconds
 
     @property
     def measured(self) -> bool:
@@ -189,12 +190,15 @@ def _boot(rows: Sequence[dict[str, Any]], per_position: bool = False) -> Boot:
     1 from vLLM or llama.cpp), given to the samplers in SGLang's form, as a search's are."""
     first = rows[0]
     tok_s: dict[int, float] = {}
+    window_s: dict[int, float] = {}
     levels = []
     for r in sorted(rows, key=lambda r: r["concurrency"]):
         if r["output_tok_s"] is None:
             continue
         c = int(r["concurrency"])
         tok_s[c] = float(r["output_tok_s"])
+        if r.get("duration_s"):
+            window_s[c] = float(r["duration_s"])
         lv: dict[str, Any] = {"concurrency": c, "output_tok_s": tok_s[c]}
         if r["accept_length"] is not None:
             lv["accept_length"] = float(r["accept_length"])
@@ -206,7 +210,7 @@ def _boot(rows: Sequence[dict[str, Any]], per_position: bool = False) -> Boot:
     facts = {"max_total_num_tokens": first["max_total_num_tokens"],
              "max_running_requests": first["max_running_requests"]}
     return Boot(int(first["repeat"]), str(first["status"]), first["reason"] or "", tok_s,
-                tuple(levels), facts)
+                tuple(levels), facts, window_s)
 
 
 def _mean_tok_s(boots: Sequence[Boot]) -> dict[int, float]:

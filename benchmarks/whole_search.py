@@ -255,7 +255,7 @@ def recorded_seconds(path: str) -> dict[str, Any]:
         rule.append(sum(se.level_seconds(c, v, limit, out_len, "rule") for c, v in tok.items()))
         for c, v in tok.items():
             rounds_s[c].append((min(c, limit) if limit else c) * out_len / max(v, 1e-9))
-    measured, capped, levels = recorded_windows(path, m.max_duration_s)
+    measured, capped, levels = recorded_windows(land, m.max_duration_s)
     return {"fixed": len(m.concurrency) * (m.warmup_s + m.duration_s), "window": m.duration_s,
             "rule": statistics.median(rule) if rule else None,
             "round_s": {c: statistics.median(v) for c, v in rounds_s.items() if v},
@@ -263,23 +263,16 @@ def recorded_seconds(path: str) -> dict[str, Any]:
             "ran_rule": m.precision is not None, "cap": m.max_duration_s}
 
 
-def recorded_windows(path: str, cap: float) -> tuple[float | None, int, int]:
+def recorded_windows(land: Any, cap: float) -> tuple[float | None, int, int]:
     """What the recording's own windows took: the median over its boots (each point's repeats
     and the baseline's) of the seconds its measured levels' windows lasted, the levels that
     ran to `cap` (within 2%), and the levels counted. The recorder measures as the search does,
     so under measure.precision this is the rule as the server ran it."""
-    import pyarrow.parquet as pq
-
-    per_boot: dict[tuple[Any, Any], float] = {}
-    capped = levels = 0
-    for r in pq.read_table(path).to_pylist():
-        if r.get("status") != "ok" or not r.get("duration_s"):
-            continue
-        key = (r.get("point"), r.get("repeat"))
-        per_boot[key] = per_boot.get(key, 0.0) + float(r["duration_s"])
-        levels += 1
-        capped += float(r["duration_s"]) >= 0.98 * cap
-    return (statistics.median(per_boot.values()) if per_boot else None), capped, levels
+    boots = [b for bs in (land.baseline, *land.points.values()) for b in bs
+             if b.status == "ok" and b.window_s]
+    windows = [w for b in boots for w in b.window_s.values()]
+    return (statistics.median(sum(b.window_s.values()) for b in boots) if boots else None,
+            sum(w >= 0.98 * cap for w in windows), len(windows))
 
 
 def report_recorded(paths: Sequence[str], seeds: int,
