@@ -157,17 +157,12 @@ def _once(data: RunData, best: Config) -> str:
     noun = ("measurement" if firsts == {True, False} else "first measurement" if firsts == {True}
             else "re-measurement")
     one = len(left_out) == 1
-    # The first clause of each: the suspect check's words (a level's note goes on with its
-    # rounds and warm-up, which the trials table keeps).
-    why = _first_clause(left_out[0].suspect_why) if one else "; ".join(
-        f"{t.trial_id}: {_first_clause(t.suspect_why)}" for t in left_out)
+    # Each suspect level's first clause: the suspect check's words (`Trial.suspect_brief`).
+    why = left_out[0].suspect_brief if one else "; ".join(
+        f"{t.trial_id}: {t.suspect_brief}" for t in left_out)
     return (f" (once counted: its {noun}{'' if one else 's'} "
             f"{', '.join(t.trial_id for t in left_out)} {'was' if one else 'were'} suspect "
             f"({why}) and left out; re-measure it before trusting a small margin)")
-
-
-def _first_clause(text: str) -> str:
-    return text.split("; ", 1)[0]
 
 
 def measure_text(exp: Experiment | None) -> str:

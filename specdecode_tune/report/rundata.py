@@ -66,6 +66,8 @@ class Trial:
     # Plateau questions the sampler's model answered without a boot while this trial was
     # proposed (the trials table's `plateau_answered`); () where none.
     plateau_answered: tuple[str, ...] = ()
+    # Each suspect level's first clause only ("C=16: ...; C=64: ..."), for one-line mentions.
+    suspect_brief: str = ""
 
     @property
     def baseline(self) -> bool:

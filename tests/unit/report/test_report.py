@@ -91,14 +91,14 @@ class Run:
             bracket: str | None = None,
             mrr: int | None = None, score: float | None = None,
             predicted: dict[str, Any] | None = None,
-            answered: list[str] | None = None, kv: int | None = None) -> None:
+            answered: list[str] | None = None, kv: int | None = None,
+            note: str = "clocks throttled") -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
         steps = params.get("speculative_num_steps", 0)
         levels = []
         for c, v in (tok or {}).items():
             s = level(c, v, accept=min(steps + 1, 1 + 0.8 * steps) if steps else None,
-                      suspect=c in level_suspect, note="clocks throttled"
-                      if c in level_suspect else "")
+                      suspect=c in level_suspect, note=note if c in level_suspect else "")
             store.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
             levels.append(s)
         facts = ServerFacts(max_total_num_tokens=kv or 455357 - 40000 * steps,
@@ -376,7 +376,18 @@ def test_a_best_whose_re_measurement_was_suspect_says_so(tmp_path: Path) -> None
     assert sure.startswith("How sure: best measured 1x (once counted: its re-measurement "
                            "d8bf2e3d was suspect (C=16: clocks throttled) and left out; "
                            "re-measure it before trusting a small margin); ")
+    # Two suspect levels, each note of several clauses: each level's first clause, not the
+    # first level's alone (the rounds and warm-up that follow stay in the trials table).
+    run = seed_run(tmp_path / "two")
+    run.add("d8bf2e3d", {"speculative_num_steps": 4}, SEED[4], repeat=1,
+            level_suspect=(1, 16), note="clocks throttled; 31 rounds kept; warm-up 4.0 s")
+    out = write_report(str(tmp_path / "two"))
+    sure = next(line for line in out.summary_lines if line.startswith("How sure: "))
+    assert "was suspect (C=1: clocks throttled; C=16: clocks throttled) and left out" in sure
+    assert "rounds kept" not in sure
+    assert "31 rounds kept" in Path(out.path).read_text()
     # Counted twice: nothing about the suspect one in this line.
+    run = seed_run(tmp_path / "suspect")
     run.add("b2", {"speculative_num_steps": 4}, SEED[4], repeat=2)
     sure = next(line for line in write_report(str(tmp_path / "suspect")).summary_lines
                 if line.startswith("How sure: "))
