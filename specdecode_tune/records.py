@@ -106,6 +106,12 @@ class LevelSummary:
 # GRAPH_MEMORY: what the captures kept (their graphs' memory).
 MEMORY_ROOM = "memory_room"
 GRAPH_MEMORY = "graph_memory"
+# ServerFacts.extra, from the boot's log where the engine compiles its model at boot
+# (`Backend.memory_facts`): graphs compiled at this boot and graphs loaded from the engine's own
+# compile cache. vLLM compiles inside the run it profiles its memory with, so the two can size
+# one configuration's KV pool differently (`report.trials.kv_moves` names them).
+COMPILED_GRAPHS = "compiled_graphs"
+LOADED_GRAPHS = "loaded_graphs"
 # ServerFacts.extra, from `Backend.read_facts`: why an endpoint the server's facts come from gave
 # nothing ("GET /server_info: http 404 Not Found"; one line, several joined with "; "). A fact
 # that is None beside it was not read, not absent; the trials table keeps it in facts_json.

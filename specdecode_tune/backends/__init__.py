@@ -119,7 +119,8 @@ class Backend(Protocol):
     def memory_facts(self, log_text: str) -> dict[str, float]:
         """From the boot's log, records.MEMORY_ROOM and GRAPH_MEMORY (shares of the memory the
         static pool is sized against): the free memory after the last CUDA graph capture and
-        what the captures kept; {} where the engine's log does not say."""
+        what the captures kept; where the engine compiles at boot, COMPILED_GRAPHS and
+        LOADED_GRAPHS; {} where the engine's log does not say."""
 
     def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
                          ) -> dict[str, float] | None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ from typing import Any, ClassVar
 
 from ..config import BackendConfig
 from ..enginecache import cache_dir, expand_path
-from ..records import FACTS_UNREAD, ServerFacts
+from ..records import COMPILED_GRAPHS, FACTS_UNREAD, LOADED_GRAPHS, ServerFacts
 from ..space import DRAFT, MEM, STEPS, TOPK, is_baseline
 from . import httpread, prometheus, speccounters
 from .common import flag_args, fmt, get_json
@@ -356,8 +357,20 @@ class VLLMBackend:
 
     def memory_facts(self, log_text: str) -> dict[str, float]:
         # vLLM sizes its KV cache from a profiled peak (gpu_memory_utilization), not a static
-        # share of the free memory: SGLang's reading of a room does not carry over.
-        return {}
+        # share of the free memory: SGLang's reading of a room does not carry over. What the
+        # log does say: how many graphs torch.compile compiled at this boot and how many it
+        # loaded from its cache (VLLM_CACHE_ROOT), since the compile runs inside the profiled
+        # forward pass (`Worker.determine_available_memory`: "a profile run which compiles the
+        # model"), and the KV memory it then left (`_KV_MEMORY`).
+        compiled = len(_COMPILED.findall(log_text))
+        loaded = len(_LOADED.findall(log_text))
+        if not (compiled or loaded):
+            return {}
+        out = {COMPILED_GRAPHS: float(compiled), LOADED_GRAPHS: float(loaded)}
+        kv = _KV_MEMORY.findall(log_text)
+        if kv:
+            out[KV_MEMORY_GIB] = float(kv[-1])
+        return out
 
     def metrics_snapshot(self, base_url: str, headers: Mapping[str, str] | None = None
                          ) -> dict[str, float] | None:
@@ -367,6 +380,17 @@ class VLLMBackend:
                           after: Mapping[str, float] | None
                           ) -> tuple[float | None, tuple[int, ...]]:
         return speccounters.window(before, after, METRICS_PREFIX)
+
+
+# vLLM 0.26.0's own lines (vllm/compilation/backends.py, decorators.py; v1/worker/
+# gpu_worker.py): a graph compiled at boot, one loaded from the compile cache (the piecewise
+# backend's or the AOT-compiled function's), and the KV memory the profile left. The first and
+# the last held against a live boot (tests/data/vllm-0.26.0/healthy-startup.log).
+_COMPILED = re.compile(r"Compiling a graph for compile range \S.* takes [\d.]+ s")
+_LOADED = re.compile(r"Directly load (?:the compiled graph\(s\) for compile range|AOT "
+                     r"compilation from path)")
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KV_MEMORY_GIB = "kv_memory_gib"     # ServerFacts.extra: the log's "Available KV cache memory"
 
 
 def _int(value: Any) -> int | None:

@@ -7,8 +7,9 @@ of every figure of merit) and the infeasible, failed and pruned ones with their 
 
 from __future__ import annotations
 
+from ..records import COMPILED_GRAPHS, LOADED_GRAPHS
 from . import render as r
-from .rundata import SCHEDULE_IDS, Config, RunData
+from .rundata import SCHEDULE_IDS, Config, RunData, Trial
 from .words import fmt_tok
 
 
@@ -51,24 +52,54 @@ def kv_moves(data: RunData) -> str:
     """One paragraph naming the configurations whose KV pool (the server's own figure, in
     tokens) differed between their boots; '' where none did. The engine sizes its pool at
     each boot from what it measures then (vLLM 0.26.0 on an H100 gave 44,432 and 49,184 tokens
-    to boots of one config, 2026-12-07), and the levels where the pool binds move with it."""
-    pools: dict[str, list[tuple[str, int]]] = {}
+    to boots of one config, 2026-12-07), and the levels where the pool binds move with it.
+    Where the boots' logs say whether their graphs were compiled at boot or loaded from the
+    engine's compile cache (records.COMPILED_GRAPHS), each boot says which, and the paragraph
+    says where every compiling boot got a smaller pool than every loading one."""
+    pools: dict[str, list[tuple[Trial, int]]] = {}
     for t in data.trials:
         kv = t.facts.max_total_num_tokens
         if t.status == "ok" and kv and not t.baseline and t.trial_id not in SCHEDULE_IDS:
-            pools.setdefault(t.config_key, []).append((t.trial_id, int(kv)))
+            pools.setdefault(t.config_key, []).append((t, int(kv)))
     parts = []
+    split = []
     for cf in data.configs:
         seen = pools.get(cf.key, [])
         move = max(k for _, k in seen) / min(k for _, k in seen) - 1 if seen else 0.0
         if move > KV_MOVE:
             parts.append(f"{data.label(cf.params)}: " + ", ".join(
-                f"{k:,} ({tid})" for tid, k in seen) + f", {move:+.1%}")
+                f"{k:,} ({t.trial_id}{_compiled(t)})" for t, k in seen) + f", {move:+.1%}")
+            split.append(_compile_split(seen))
     if not parts:
         return ""
-    return ("The server's KV pool differed between boots of one configuration (the engine "
+    said = ("The server's KV pool differed between boots of one configuration (the engine "
             "sizes it at each boot from what it measures then; the levels where the pool "
             "binds move with it): " + "; ".join(parts) + ".")
+    if split and all(split):
+        said += (" Each boot that compiled its graphs got a smaller pool than each that "
+                 "loaded them from the engine's compile cache.")
+    return said
+
+
+def _compiled(t: Trial) -> str:
+    """", compiled at boot" / ", graphs from the cache" where the boot's log said (records.
+    COMPILED_GRAPHS, LOADED_GRAPHS), else ""."""
+    compiled = t.facts.extra.get(COMPILED_GRAPHS)
+    if isinstance(compiled, (int, float)) and compiled > 0:
+        return ", compiled at boot"
+    loaded = t.facts.extra.get(LOADED_GRAPHS)
+    if isinstance(loaded, (int, float)) and loaded > 0:
+        return ", graphs from the cache"
+    return ""
+
+
+def _compile_split(seen: list[tuple[Trial, int]]) -> bool:
+    """Whether these boots both compiled and loaded, and every compiling boot's pool is below
+    every loading boot's."""
+    by = {w: [k for t, k in seen if _compiled(t) == w]
+          for w in (", compiled at boot", ", graphs from the cache")}
+    cold, warm = by[", compiled at boot"], by[", graphs from the cache"]
+    return bool(cold and warm) and max(cold) < min(warm)
 
 
 def blocks(data: RunData) -> list[r.Block]:

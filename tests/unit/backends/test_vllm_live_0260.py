@@ -129,3 +129,24 @@ def test_the_drain_count_is_the_servers_gauges() -> None:
 
 def test_the_healthy_log_is_no_refusal() -> None:
     assert classify_failure(None, words("healthy-startup.log"), VLLM)[0] == "timeout"
+
+
+def test_the_boot_log_says_which_graphs_were_compiled_and_the_kv_memory_left() -> None:
+    """Both live boots compiled their graphs at boot (a fresh compile cache: the backbone's and
+    the EAGLE-3 head's, one compile range each) and left 1.06 GiB for the KV cache; a warm
+    boot's line, "Directly load ... from the cache" (vLLM 0.26.0's compilation/backends.py and
+    decorators.py), counts as loaded. The report names them where a pool moved."""
+    from specdecode_tune.records import COMPILED_GRAPHS, LOADED_GRAPHS
+
+    for name in ("healthy-startup.log", "adaptive-startup.log"):
+        facts = VLLM.memory_facts(words(name))
+        assert facts[COMPILED_GRAPHS] == 2 and facts[LOADED_GRAPHS] == 0, name
+        assert facts["kv_memory_gib"] == pytest.approx(1.06)
+    warm = words("healthy-startup.log").replace(
+        "Compiling a graph for compile range (1, 8192) takes 8.21 s",
+        "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, "
+        "took 0.412 s")
+    facts = VLLM.memory_facts(warm)
+    assert facts[COMPILED_GRAPHS] == 1 and facts[LOADED_GRAPHS] == 1
+    assert VLLM.memory_facts(words("refused-kv-0.005.log")).get("kv_memory_gib") is None
+    assert VLLM.memory_facts("INFO nothing of the kind") == {}

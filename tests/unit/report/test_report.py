@@ -92,7 +92,7 @@ class Run:
             mrr: int | None = None, score: float | None = None,
             predicted: dict[str, Any] | None = None,
             answered: list[str] | None = None, kv: int | None = None,
-            note: str = "clocks throttled") -> None:
+            note: str = "clocks throttled", extra: dict[str, Any] | None = None) -> None:
         params = resolve(sampled, {"cuda_graph_max_bs": 64})
         steps = params.get("speculative_num_steps", 0)
         levels = []
@@ -102,7 +102,8 @@ class Run:
             store.write_level(self.path, trial_id, s, [], params=params, repeat=repeat)
             levels.append(s)
         facts = ServerFacts(max_total_num_tokens=kv or 455357 - 40000 * steps,
-                            max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps))
+                            max_running_requests=mrr if mrr is not None else max(2, 26 - 3 * steps),
+                            extra=extra or {})
         result = TrialResult(trial_id=trial_id, params=params, status=status, reason=reason,
                              facts=facts if status == "ok" else ServerFacts(),
                              levels=tuple(levels), repeat=repeat, suspect=suspect)
@@ -796,3 +797,20 @@ def test_a_kv_pool_that_moved_between_boots_of_one_config_is_named(tmp_path: Pat
     run2.add("c", {"speculative_num_steps": 3}, SEED[3], kv=50_000)
     run2.add("d", {"speculative_num_steps": 3}, SEED[3], repeat=1, kv=50_100)
     assert kv_moves(read_run(str(tmp_path / "held"))) == ""
+    # Where the boots' logs say it: which compiled their graphs and which loaded them, and
+    # whether every compiling boot got the smaller pool (the search's boots of 2026-12-07:
+    # the slow first boots of a config held 44,432 tokens, its fast re-boots 49,184).
+    cold = {"compiled_graphs": 2.0, "loaded_graphs": 0.0}
+    warm = {"compiled_graphs": 0.0, "loaded_graphs": 2.0}
+    run3 = Run(tmp_path / "logs")
+    run3.add("a", {"speculative_num_steps": 4}, SEED[4], kv=44_432, extra=cold)
+    run3.add("b", {"speculative_num_steps": 4}, SEED[4], repeat=1, kv=49_184, extra=warm)
+    line = kv_moves(read_run(str(tmp_path / "logs")))
+    assert "44,432 (a, compiled at boot), 49,184 (b, graphs from the cache), +10.7%" in line
+    assert line.endswith("Each boot that compiled its graphs got a smaller pool than each "
+                         "that loaded them from the engine's compile cache.")
+    run4 = Run(tmp_path / "mixed")
+    run4.add("a", {"speculative_num_steps": 4}, SEED[4], kv=49_184, extra=cold)
+    run4.add("b", {"speculative_num_steps": 4}, SEED[4], repeat=1, kv=44_432, extra=warm)
+    line = kv_moves(read_run(str(tmp_path / "mixed")))
+    assert "49,184 (a, compiled at boot)" in line and "Each boot that compiled" not in line
