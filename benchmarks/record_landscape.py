@@ -85,6 +85,11 @@ BOOT_FIELDS: list[tuple[str, pa.DataType]] = [
     ("trial_wall_s", pa.float64()), ("max_total_num_tokens", pa.int64()),
     ("max_running_requests", pa.int64()), ("launch_command", pa.string()),
     ("started_at", pa.float64()),
+    # The rest of what the server said of itself (ServerFacts.extra, JSON): among it, where
+    # the engine compiles at boot, the graphs it compiled and loaded (vLLM sizes its KV pool
+    # in the run that compiles: a first boot on a machine gets a smaller pool). Null in rows
+    # recorded before 2026-12-07's second vLLM session.
+    ("facts_json", pa.string()),
 ]
 
 
@@ -188,7 +193,8 @@ def rows_of(result: TrialResult, point: Mapping[str, Any], repeat: int,
             "trial_wall_s": result.wall_s,
             "max_total_num_tokens": result.facts.max_total_num_tokens,
             "max_running_requests": result.facts.max_running_requests,
-            "launch_command": launch, "started_at": started_at}
+            "launch_command": launch, "started_at": started_at,
+            "facts_json": json.dumps(result.facts.extra, sort_keys=True, default=str)}
     rows = []
     for c in levels:
         row: dict[str, Any] = {"point": point_id(point), "repeat": repeat, "concurrency": c,

@@ -363,7 +363,9 @@ class VLLMBackend:
         # forward pass (`Worker.determine_available_memory`: "a profile run which compiles the
         # model"), and the KV memory it then left (`_KV_MEMORY`).
         compiled = len(_COMPILED.findall(log_text))
-        loaded = len(_LOADED.findall(log_text))
+        # A graph loaded says so twice where its AOT-compiled function is loaded too (both
+        # lines per graph in the landscape's boots of 2026-12-07): one graph, not two.
+        loaded = max(len(_LOADED_GRAPHS.findall(log_text)), len(_LOADED_AOT.findall(log_text)))
         if not (compiled or loaded):
             return {}
         out = {COMPILED_GRAPHS: float(compiled), LOADED_GRAPHS: float(loaded)}
@@ -384,11 +386,11 @@ class VLLMBackend:
 
 # vLLM 0.26.0's own lines (vllm/compilation/backends.py, decorators.py; v1/worker/
 # gpu_worker.py): a graph compiled at boot, one loaded from the compile cache (the piecewise
-# backend's or the AOT-compiled function's), and the KV memory the profile left. The first and
-# the last held against a live boot (tests/data/vllm-0.26.0/healthy-startup.log).
+# backend's line and the AOT-compiled function's), and the KV memory the profile left. Held
+# against live boots: tests/data/vllm-0.26.0/landscape-cold-startup.log and -warm-.
 _COMPILED = re.compile(r"Compiling a graph for compile range \S.* takes [\d.]+ s")
-_LOADED = re.compile(r"Directly load (?:the compiled graph\(s\) for compile range|AOT "
-                     r"compilation from path)")
+_LOADED_GRAPHS = re.compile(r"Directly load the compiled graph\(s\) for compile range")
+_LOADED_AOT = re.compile(r"Directly load AOT compilation from path")
 _KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 KV_MEMORY_GIB = "kv_memory_gib"     # ServerFacts.extra: the log's "Available KV cache memory"
 

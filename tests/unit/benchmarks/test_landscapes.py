@@ -64,7 +64,8 @@ def result_for(point: dict[str, Any], repeat: int) -> TrialResult:
     if tok is None:
         return TrialResult("t", dict(point), "infeasible",
                            "invalid_args: the server refused it", wall_s=1.0)
-    return TrialResult("t", dict(point), "ok", facts=ServerFacts(16384, 4, boot_s=0.5),
+    facts = ServerFacts(16384, 4, boot_s=0.5, extra={"compiled_graphs": float(repeat == 0)})
+    return TrialResult("t", dict(point), "ok", facts=facts,
                        levels=(level(1, tok), level(4, 2 * tok)), wall_s=5.0, repeat=repeat)
 
 
@@ -160,6 +161,27 @@ def test_an_interrupted_recording_resumes_without_booting_a_point_twice(
     assert [s["boots"] for s in meta["sessions"]] == [8, 13]
     # Nothing left: a third run boots nothing
     assert write_recording(rec, path, monkeypatch) == []
+
+
+def test_a_boots_own_facts_are_kept_and_a_table_from_before_them_resumes(
+        rec: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row keeps what the server said of itself beyond the pool (`facts_json`: whether
+    vLLM compiled at that boot sizes its pool); a table recorded before the column existed
+    (vLLM's first landscape session, 2026-12-07) resumes, its rows null there."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "old.parquet"
+    write_recording(rec, path, monkeypatch, stop_after=8)
+    old = pq.read_table(path)
+    pq.write_table(old.drop_columns(["facts_json"]), path)
+    write_recording(rec, path, monkeypatch)
+    rows = pq.read_table(path).to_pylist()
+    assert len(rows) == 21 * 2
+    assert sum(r["facts_json"] is None for r in rows) == 8 * 2
+    kept = [json.loads(r["facts_json"]) for r in rows
+            if r["facts_json"] is not None and r["status"] == "ok"]
+    assert kept and {f["compiled_graphs"] for f in kept} <= {0.0, 1.0}
+    assert any(f["compiled_graphs"] == 0.0 for f in kept)
 
 
 def test_resuming_with_other_axes_is_refused(rec: ModuleType, table: Path,
