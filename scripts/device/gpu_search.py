@@ -254,7 +254,8 @@ def run_pipeline(args: argparse.Namespace, work: Work, plan: dict) -> int:
             f"call again with the same command (no carry needed) within 30 s"
             + (f" (--models-back: chunks {base.numbers_text(left)} next)" if left else ""))
         return CALL_AGAIN
-    return finished(work, plan, state, results.bring_back(work, plan, args.models_back))
+    return finished(work, plan, state,
+                    results.bring_back(work, plan, args.models_back, ended=True))
 
 
 def finished(work: Work, plan: dict, state: str, models_left: list[int]) -> int:

@@ -118,9 +118,11 @@ def blocks(size: int) -> int:
     return -(-size // 4096) * 4096
 
 
-def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = (),
+            results_first: bool = False) -> list[str]:
     """Copy to $OUT what fits in one call's limits: status.txt, then `first` (--models-back's
-    manifest and chunks), then the results in their order of need; the names sent."""
+    manifest and chunks), then the results in their order of need (`results_first`: the
+    results before `first`); the names sent."""
     out = os.environ.get("OUT")
     if not out:
         say(f"results in {work.results} ($OUT is not set)")
@@ -128,7 +130,9 @@ def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = ()) -
     (work.results / "status.txt").write_text(status_text(work, plan))
     sent: list[str] = []
     total = 0
-    for src in (work.results / "status.txt", *first, *(work.results / n for n in RESULT_FILES)):
+    found = tuple(work.results / n for n in RESULT_FILES)
+    for src in (work.results / "status.txt",
+                *((*found, *first) if results_first else (*first, *found))):
         if not src.is_file():
             continue
         size = src.stat().st_size
@@ -148,8 +152,13 @@ def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = ()) -
     return sent
 
 
-def bring_back(work: Work, plan: dict, want: str | list[int] | None) -> list[int]:
-    """deliver(), with --models-back's files first; the model chunks still to come back."""
+def bring_back(work: Work, plan: dict, want: str | list[int] | None,
+               ended: bool = False) -> list[int]:
+    """deliver(), with --models-back's files first while the pipeline runs (its results come
+    again with every later call) and after the results once it has `ended` (they are whole
+    and come back now: a call that filled its 8 files with chunks left the landscape's table
+    on the machine, 2026-12-07; the chunks left come with the calls that follow, a second
+    each); the model chunks still to come back."""
     first = models.models_back_files(work, want)
-    sent = deliver(work, plan, first)
+    sent = deliver(work, plan, first, results_first=ended)
     return models.models_back_sent(work, sent) if first and os.environ.get("OUT") else []

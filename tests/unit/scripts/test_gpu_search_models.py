@@ -187,6 +187,40 @@ def test_models_back_waits_for_the_training_and_leaves_a_running_pipeline_alone(
     assert gs.base.pipeline_state(work) == "running"
 
 
+def test_once_the_pipeline_has_ended_its_results_come_back_before_the_chunks(
+        tmp_path, monkeypatch, capsys):
+    """The landscape's session of 2026-12-07: the call after the recording ended would have
+    filled its 8 files with chunks and left the table on the machine. Once the pipeline has
+    ended, every result comes back with that call, and the chunks that do not fit beside them
+    with the calls that follow."""
+    _small_limits(monkeypatch)
+    work = _machine(tmp_path, monkeypatch)
+    _trained(work)
+    results = ("results.tar.gz", "search.log", "run.json", gs.base.LANDSCAPE,
+               gs.base.MODELS_REPORT)
+    for name in results:
+        (work.results / name).write_text(name)
+    monkeypatch.setattr(gs.results, "collect", lambda work, plan: None)
+    rc = _call(work, tmp_path / "o1", "--models-back")
+    said = capsys.readouterr().out
+    got = {f.name for f in (tmp_path / "o1").iterdir()}
+    assert set(results) <= got and len(got) == gs.results.MAX_OUT_FILES
+    assert rc == gs.CALL_AGAIN and "still to come back" in said
+    def chunks_in(out: Path) -> set[str]:
+        return {f.name for f in out.iterdir() if f.name.startswith(gs.models.MODELS_ARCHIVE)}
+
+    chunks = chunks_in(tmp_path / "o1")
+    for i in range(2, 6):
+        out = tmp_path / f"o{i}"
+        rc = _call(work, out, "--models-back")
+        said = capsys.readouterr().out
+        chunks |= chunks_in(out)
+        if rc == 0:
+            break
+    manifest = json.loads((tmp_path / "o1" / gs.models.MODELS_BACK).read_text())
+    assert rc == 0 and sorted(chunks) == [c["file"] for c in manifest["chunks"]]
+
+
 def test_a_chunk_whose_call_was_lost_comes_back_again_by_its_number(tmp_path, monkeypatch,
                                                                     capsys):
     _bring_back(tmp_path, monkeypatch, capsys)
