@@ -68,37 +68,39 @@ def kv_moves(data: RunData) -> str:
         move = max(k for _, k in seen) / min(k for _, k in seen) - 1 if seen else 0.0
         if move > KV_MOVE:
             parts.append(f"{data.label(cf.params)}: " + ", ".join(
-                f"{k:,} ({t.trial_id}{_compiled(t)})" for t, k in seen) + f", {move:+.1%}")
+                f"{k:,} ({t.trial_id}{_GRAPHS_SAID.get(_graphs(t), '')})" for t, k in seen)
+                + f", {move:+.1%}")
             split.append(_compile_split(seen))
     if not parts:
         return ""
     said = ("The server's KV pool differed between boots of one configuration (the engine "
             "sizes it at each boot from what it measures then; the levels where the pool "
             "binds move with it): " + "; ".join(parts) + ".")
-    if split and all(split):
+    if all(split):
         said += (" Each boot that compiled its graphs got a smaller pool than each that "
                  "loaded them from the engine's compile cache.")
     return said
 
 
-def _compiled(t: Trial) -> str:
-    """", compiled at boot" / ", graphs from the cache" where the boot's log said (records.
-    COMPILED_GRAPHS, LOADED_GRAPHS), else ""."""
-    compiled = t.facts.extra.get(COMPILED_GRAPHS)
-    if isinstance(compiled, (int, float)) and compiled > 0:
-        return ", compiled at boot"
-    loaded = t.facts.extra.get(LOADED_GRAPHS)
-    if isinstance(loaded, (int, float)) and loaded > 0:
-        return ", graphs from the cache"
-    return ""
+_GRAPHS_SAID: dict[str | None, str] = {"compiled": ", compiled at boot",
+                                       "loaded": ", graphs from the cache"}
+
+
+def _graphs(t: Trial) -> str | None:
+    """"compiled" (some graph compiled at boot) or "loaded" (all from the engine's compile
+    cache) where the boot's log said (records.COMPILED_GRAPHS, LOADED_GRAPHS), else None."""
+    for state, key in (("compiled", COMPILED_GRAPHS), ("loaded", LOADED_GRAPHS)):
+        n = t.facts.extra.get(key)
+        if isinstance(n, (int, float)) and n > 0:
+            return state
+    return None
 
 
 def _compile_split(seen: list[tuple[Trial, int]]) -> bool:
     """Whether these boots both compiled and loaded, and every compiling boot's pool is below
     every loading boot's."""
-    by = {w: [k for t, k in seen if _compiled(t) == w]
-          for w in (", compiled at boot", ", graphs from the cache")}
-    cold, warm = by[", compiled at boot"], by[", graphs from the cache"]
+    cold = [k for t, k in seen if _graphs(t) == "compiled"]
+    warm = [k for t, k in seen if _graphs(t) == "loaded"]
     return bool(cold and warm) and max(cold) < min(warm)
 
 
