@@ -76,7 +76,7 @@ def rebuild(run_dir: Path) -> dict[tuple[str, int], list[Batch]]:
                 t += g
                 times.append(t)
             done = r["end"] < cut - 1e-3
-            size = r["output_tokens"] / len(times) if times else 0.0
+            size = r["output_tokens"] / len(times)       # times holds the first token's
             streams.append(Stream(times=times, sizes=[size] * len(times),
                                   end=r["end"] if done else None, completed=done,
                                   tokens=float(r["output_tokens"]) if done else 0.0,
