@@ -51,7 +51,8 @@ def test_a_damaged_chunk_is_dropped_as_its_part_is_staged(tmp_path, capsys, monk
     work = gs.Work(tmp_path / "work")
     gs.staging.stage(work, [str(parts[0])])
     damaged = parts[1] / "a.whl.001"
-    damaged.write_bytes(b"x" + damaged.read_bytes()[1:])
+    data = damaged.read_bytes()
+    damaged.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])     # a byte that differs
     staged = gs.staging.stage(work, [str(parts[1])])
     out = capsys.readouterr().out
     assert "payload part 2: a.whl.001: sha256 differs from the manifest; dropped: carry " \
@@ -274,7 +275,9 @@ def test_the_chunks_join_here_into_parts_a_later_session_carries(tmp_path, monke
 def test_a_damaged_or_missing_chunk_is_refused_with_its_number(tmp_path, monkeypatch, capsys):
     outs = _bring_back(tmp_path, monkeypatch, capsys)
     chunk = next(outs[0].glob(f"{gs.models.MODELS_ARCHIVE}.002"))
-    chunk.write_bytes(chunk.read_bytes()[:-1] + b"\0")
+    data = chunk.read_bytes()
+    # the last byte flipped (writing a 0 there changed nothing where the tar pads with zeros)
+    chunk.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     build = tmp_path / "build" / "eagle3-models"
     assert mb.main([*map(str, outs), "--out", str(build), "--part-mib", "2"]) == 1
     said = capsys.readouterr().out
@@ -368,7 +371,8 @@ def test_a_pipeline_started_before_the_models_came_names_their_part_at_once(
     # A damaged part 2 is dropped with one line; carried again whole, it is staged.
     _carry(build, carry, 2)
     chunk = next(f for f in (carry / "part2").iterdir() if f.name != "manifest.json")
-    chunk.write_bytes(b"\0" + chunk.read_bytes()[1:])
+    data = chunk.read_bytes()
+    chunk.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
     _call(work, tmp_path / "out" / "2", "--models", str(carry))
     said = capsys.readouterr().out
     assert f"models part 2: {chunk.name}: sha256 differs from the manifest; dropped: carry " \
