@@ -18,6 +18,10 @@ point, repeat and level) is what `benchmarks/landscapes.py` replays in
   recording does not line up with an axis.
 - Resumable: rows already in `--out` (same point and repeat) are not booted again; the table is
   rewritten (atomically) after every boot. `--stop-at HH:MM` (UTC) starts no boot after then.
+- One table, one pair of weights: a row is served by the weights of the session that booted it
+  (each session's `model` fingerprint). Rows other weights served are moved to
+  `<out>.other-weights.parquet` (kept, not replayed) and their points booted again with this
+  session's; `--keep-other-weights` keeps them in the table instead (warned about).
 - `--contenders F`: the first repeat boots the whole grid; a later one boots the baseline and
   only the points whose score so far (the experiment's objective on their repeats' mean tok/s,
   as `landscapes.py` scores them) is within F of the best point's (0.05: at least 95% of it).
@@ -90,6 +94,9 @@ BOOT_FIELDS: list[tuple[str, pa.DataType]] = [
     # in the run that compiles: a first boot on a machine gets a smaller pool). Null in rows
     # recorded before 2026-12-07's second vLLM session.
     ("facts_json", pa.string()),
+    # The fingerprint of the weights that served the boot (`model_facts`); null in rows recorded
+    # before 2026-12-07's third vLLM session, whose session says it (`row_weights`).
+    ("weights", pa.string()),
 ]
 
 
@@ -185,7 +192,7 @@ def axis_type(values: Sequence[Any]) -> pa.DataType:
 
 def rows_of(result: TrialResult, point: Mapping[str, Any], repeat: int,
             axis_names: Sequence[str], levels: Sequence[int], launch: str,
-            started_at: float) -> list[dict[str, Any]]:
+            started_at: float, weights: str | None = None) -> list[dict[str, Any]]:
     """One row per level: the level's figures, or nulls where the boot measured none (refused,
     failed before or during it)."""
     by_c = {s.concurrency: s for s in result.levels if s.mode == "closed"}
@@ -194,7 +201,8 @@ def rows_of(result: TrialResult, point: Mapping[str, Any], repeat: int,
             "max_total_num_tokens": result.facts.max_total_num_tokens,
             "max_running_requests": result.facts.max_running_requests,
             "launch_command": launch, "started_at": started_at,
-            "facts_json": json.dumps(result.facts.extra, sort_keys=True, default=str)}
+            "facts_json": json.dumps(result.facts.extra, sort_keys=True, default=str),
+            "weights": weights}
     rows = []
     for c in levels:
         row: dict[str, Any] = {"point": point_id(point), "repeat": repeat, "concurrency": c,
@@ -324,12 +332,40 @@ def model_facts(exp: Experiment) -> dict[str, Any]:
     return {"name": path.name, "bytes": size, "sha256": h.hexdigest()[:16]}
 
 
-def other_models(sessions: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The earlier sessions' model fingerprints unlike the last session's (those recorded
-    before fingerprints were taken count as unknown, not as different)."""
-    mine = sessions[-1]["model"].get("sha256")
-    return sorted({str(s["model"]["sha256"]) for s in sessions[:-1]
-                   if s.get("model", {}).get("sha256") not in (None, mine)})
+def row_weights(rows: Sequence[Mapping[str, Any]], sessions: Sequence[Mapping[str, Any]]
+                ) -> list[str | None]:
+    """The fingerprint of the weights that served each row: its own, or, in rows recorded
+    before rows kept it, that of the last session started before the row's boot (None where
+    that session took none, or the row has no start)."""
+    starts = sorted((dt.datetime.fromisoformat(s["started_utc"]).timestamp(),
+                     s.get("model", {}).get("sha256")) for s in sessions if s.get("started_utc"))
+    out: list[str | None] = []
+    for r in rows:
+        at = r.get("started_at")
+        if r.get("weights"):
+            out.append(str(r["weights"]))
+        else:     # started_utc is cut to the second: a boot starts after its session did
+            out.append(None if at is None else
+                       next((sha for t, sha in reversed(starts) if t <= float(at)), None))
+    return out
+
+
+def set_aside_other_weights(rows: Sequence[Mapping[str, Any]],
+                            sessions: Sequence[Mapping[str, Any]], mine: str | None
+                            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the rows these weights or unknown ones served, the rows other known weights served).
+    Two trained pairs differ by more than a boot's noise (vLLM's K 4: 3.79 and 3.56 tokens a
+    step, 2026-12-07), so their rows are not repeats of one landscape."""
+    kept: list[dict[str, Any]] = []
+    aside: list[dict[str, Any]] = []
+    for r, sha in zip(rows, row_weights(rows, sessions), strict=True):
+        (aside if mine is not None and sha not in (None, mine) else kept).append(dict(r))
+    return kept, aside
+
+
+def aside_path(out: Path) -> Path:
+    """Where the rows of other weights go: beside the table, kept, not replayed."""
+    return out.with_name(f"{out.stem}.other-weights{out.suffix}")
 
 
 def machine_facts() -> dict[str, Any]:
@@ -407,6 +443,28 @@ def record(args: argparse.Namespace) -> int:
                "engine_version": engine_version(exp), "model": model_facts(exp),
                "machine": machine_facts(), "boots": 0, "wall_s": 0.0}
     meta["sessions"].append(session)
+    mine = session["model"].get("sha256")
+    if args.keep_other_weights:
+        if others := sorted({str(w) for w in row_weights(rows, meta["sessions"])
+                             if w not in (None, mine)}):
+            print(f"record_landscape: WARNING: earlier sessions of this table served other "
+                  f"weights ({', '.join(others)}; now {mine}), kept (--keep-other-weights): a "
+                  f"point's repeats then hold two models' spread", file=sys.stderr, flush=True)
+    else:
+        rows, aside = set_aside_other_weights(rows, meta["sessions"], mine)
+        if aside:
+            side = aside_path(out)
+            old_rows, old_meta = read_existing(side)
+            write_table(side, [*old_rows, *aside], sch, old_meta or meta)
+            gone = sorted(done_keys(aside))
+            session["set_aside"] = {"boots": len(gone), "to": side.name,
+                                    "weights": sorted({str(w) for w in row_weights(
+                                        aside, meta["sessions"])})}
+            write_table(out, rows, sch, meta)
+            print(f"record_landscape: {len(gone)} boot(s) served other weights "
+                  f"({', '.join(session['set_aside']['weights'])}; now {mine}): moved to "
+                  f"{side} and booted again (carry one trained pair to every session, "
+                  f"docs/gpu.md section 5; --keep-other-weights mixes them)", flush=True)
     done = done_keys(rows)
     n_before = len(rows)
     todo = [(p, r) for p, r in schedule(points, args.repeats) if (point_id(p), r) not in done]
@@ -414,11 +472,6 @@ def record(args: argparse.Namespace) -> int:
           f"{','.join(map(str, levels))}; {len(done)} boots already recorded, {len(todo)} to "
           f"go -> {out}", flush=True)
     print(f"  engine: {session['engine_version'] or '?'}; model {session['model']}", flush=True)
-    if others := other_models(meta["sessions"]):
-        print(f"record_landscape: WARNING: earlier sessions of this table served other weights "
-              f"({', '.join(others)}; now {session['model']['sha256']}): a point's repeats "
-              f"then hold two models' spread; carry one trained pair to every session "
-              f"(docs/gpu.md section 5)", file=sys.stderr, flush=True)
     stop_at = _stop_time(args.stop_at)
     run_dir = str(Path(args.run_dir or ROOT / "runs" / "landscapes" / meta["name"]))
     local = rundir.logs_dir(run_dir)
@@ -446,7 +499,7 @@ def record(args: argparse.Namespace) -> int:
         started = time.time()
         result = run_trial(exp, point, TrialContext(run_dir=run_dir, local_dir=local,
                                                     trial_id=trial_id, repeat=repeat))
-        rows += rows_of(result, point, repeat, names, levels, launch, started)
+        rows += rows_of(result, point, repeat, names, levels, launch, started, mine)
         tried += 1
         if result.booted:      # a point refused before a boot costs none
             session["boots"] += 1
@@ -528,6 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "runs/landscapes/<name>)")
     ap.add_argument("--stop-at", default=None, metavar="HH:MM",
                     help="UTC time after which no boot starts")
+    ap.add_argument("--keep-other-weights", action="store_true",
+                    help="keep the rows earlier sessions recorded on other weights (by "
+                         "default they are moved to <out>.other-weights.parquet and booted "
+                         "again)")
     ap.add_argument("--contenders", type=float, default=None, metavar="F",
                     help="after the first repeat, boot only the baseline and the points "
                          "within F of the best score so far (e.g. 0.05)")

@@ -19,6 +19,8 @@ REPO = DEVICE.parents[1]
 
 # Result files brought back in $OUT beside the search's (results.RESULT_FILES).
 LANDSCAPE = "landscape.parquet"   # --record: the recorded table, brought back
+# ... and the rows of it that other weights served, set aside by the recorder, brought back
+LANDSCAPE_ASIDE = "landscape.other-weights.parquet"
 READINGS = "readings.tar.gz"      # --readings: the live server's words and ours, brought back
 MODELS_REPORT = "eagle3-acceptance.json"
 # Where the route trains the EAGLE-3 test models (specdecode_tune.testing.eagle3) when an

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 from . import base, install
-from .base import EAGLE3_MODELS, LANDSCAPE, REPO, Work, refuse, say
+from .base import EAGLE3_MODELS, LANDSCAPE, LANDSCAPE_ASIDE, REPO, Work, refuse, say
 
 # Engines that come in the payload as wheels, each into a site of its own.
 ENGINE_KINDS = ("sglang", "vllm")
@@ -113,9 +113,15 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
         # record_landscape.py; the arguments after `--` are its --axis, --repeats, ...).
         # --record-onto: a table an earlier session recorded (in the repository, so it travels
         # with the working tree), continued here: its points and repeats are not booted again.
+        # The rows other weights served (record_landscape's <table>.other-weights.parquet)
+        # go with it, so that those the recorder sets aside there join them.
         table = work.results / LANDSCAPE
         if args.record_onto and not table.exists():
-            shutil.copyfile(REPO / args.record_onto, table)
+            onto = REPO / args.record_onto
+            aside = onto.with_name(f"{onto.stem}.other-weights{onto.suffix}")
+            if aside.is_file():
+                shutil.copyfile(aside, work.results / LANDSCAPE_ASIDE)
+            shutil.copyfile(onto, table)
         run_dir = work.runs / "landscape"
         argv = [sys.executable, "benchmarks/record_landscape.py", "--experiment", str(run_exp),
                 "--out", str(work.results / LANDSCAPE), "--run-dir", str(run_dir),

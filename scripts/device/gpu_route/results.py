@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import base, install, models
-from .base import LANDSCAPE, MODELS_REPORT, READINGS, T0, Work, say
+from .base import LANDSCAPE, LANDSCAPE_ASIDE, MODELS_REPORT, READINGS, T0, Work, say
 
 # The largest file that comes back in $OUT (results.tar.gz drops the trials' logs to fit).
 MAX_OUT_FILE = 16 << 20
@@ -111,7 +111,7 @@ def status_text(work: Work, plan: dict | None) -> str:
 
 # The results, in their order of need (deliver() sends what fits).
 RESULT_FILES = ("results.tar.gz", READINGS, "search.log", "report.md", "run.json", LANDSCAPE,
-                MODELS_REPORT, "report.html", "gpu_check.txt")
+                LANDSCAPE_ASIDE, MODELS_REPORT, "report.html", "gpu_check.txt")
 
 
 def blocks(size: int) -> int:

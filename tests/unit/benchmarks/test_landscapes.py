@@ -503,7 +503,7 @@ def test_an_eagle_landscape_records_and_replays(rec: ModuleType, land_mod: Modul
     assert len(boots) == 6 and all(b in land.scores.values() for b in boots)
 
 
-def test_a_session_serving_other_weights_is_named(rec: ModuleType, tmp_path: Path) -> None:
+def test_a_pair_trained_again_has_another_fingerprint(rec: ModuleType, tmp_path: Path) -> None:
     # Models trained again on a GPU differ in their last bits under the same name and size.
     from types import SimpleNamespace
     target, draft = tmp_path / "m" / "target", tmp_path / "m" / "eagle3"
@@ -517,9 +517,59 @@ def test_a_session_serving_other_weights_is_named(rec: ModuleType, tmp_path: Pat
     (draft / "model.safetensors").write_bytes(b"\x01" * 999 + b"\x02")   # the head's last bit
     second = rec.model_facts(exp)
     assert second["bytes"] == 1000 and second["sha256"] != first["sha256"]
-    sessions = [{"model": {"name": "target"}}, {"model": first}, {"model": second}]
-    assert rec.other_models(sessions) == [first["sha256"]]      # the unknown one is not named
-    assert rec.other_models(sessions[:2]) == []
+
+
+def test_rows_other_weights_served_are_set_aside_and_booted_again(
+        rec: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's landscape, 2026-12-07: its first session's pair accepted 3.79 tokens a step at
+    K 4, the second session's (trained again) 3.56. One table holds one pair's rows: the other
+    pair's go beside it, kept, and their points are booted again."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "weights.parquet"
+    pair = {"sha256": "aaaa"}
+    monkeypatch.setattr(rec, "model_facts", lambda exp: {"name": "target", "bytes": 1, **pair})
+    first = write_recording(rec, path, monkeypatch, stop_after=5)
+    pair["sha256"] = "bbbb"
+    second = write_recording(rec, path, monkeypatch)
+    assert set(first) <= set(second) and len(second) == 21      # all booted with bbbb
+    out = capsys.readouterr().out
+    assert re.search(r"5 boot\(s\) served other weights \(aaaa; now bbbb\): moved to \S+"
+                     r"weights\.other-weights\.parquet and booted again", out)
+    t = pq.read_table(path)
+    meta = json.loads(t.schema.metadata[b"landscape"])
+    assert len(t) == 21 * 2 and meta["sessions"][1]["set_aside"] == {
+        "boots": 5, "to": "weights.other-weights.parquet", "weights": ["aaaa"]}
+    assert set(rec.row_weights(t.to_pylist(), meta["sessions"])) == {"bbbb"}
+    side = pq.read_table(rec.aside_path(path))
+    assert len(side) == 5 * 2
+    assert {(r["point"], r["repeat"]) for r in side.to_pylist()} == set(first)
+    # Kept on purpose: nothing moves, nothing is booted, the mix is warned about
+    pair["sha256"] = "cccc"
+    assert write_recording(rec, path, monkeypatch, extra=["--keep-other-weights"]) == []
+    assert "served other weights (bbbb; now cccc), kept" in capsys.readouterr().err
+    assert len(pq.read_table(path)) == 21 * 2 and len(pq.read_table(rec.aside_path(path))) == 10
+
+
+def test_a_row_is_served_by_the_session_that_booted_it(rec: ModuleType) -> None:
+    sessions = [{"started_utc": "2026-12-07T14:09:35+00:00", "model": {"sha256": "a"}},
+                {"started_utc": "2026-12-07T15:44:09+00:00", "model": {"name": "target"}},
+                {"started_utc": "2026-12-07T17:00:00+00:00", "model": {"sha256": "c"}}]
+    import datetime as dt
+
+    def ts(hms: str) -> float:
+        return dt.datetime.fromisoformat(f"2026-12-07T{hms}+00:00").timestamp()
+
+    # A table from before rows kept their weights: each row goes by the session that booted it
+    at = [ts("14:29:49.3"), ts("15:44:25.5"), ts("17:00:00.2"), None]
+    rows: list[dict[str, Any]] = [{"started_at": t} for t in at]
+    assert rec.row_weights(rows, sessions) == ["a", None, "c", None]
+    kept, aside = rec.set_aside_other_weights(rows, sessions, "c")
+    assert len(aside) == 1 and aside[0]["started_at"] == at[0]     # unknown ones stay
+    assert rec.set_aside_other_weights(rows, sessions, None) == (rows, [])
+    # A row's own fingerprint wins over the time (two sessions may start in one second)
+    assert rec.row_weights([{"started_at": at[2], "weights": "a"}], sessions) == ["a"]
 
 
 def test_contenders_repeat_only_the_points_near_the_best(

@@ -9,6 +9,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.conftest import bench_module
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -121,8 +123,28 @@ def test_a_recording_continues_the_table_an_earlier_session_brought_back(tmp_pat
     assert argv[1] == "benchmarks/record_landscape.py" and argv[argv.index("--out") + 1] == str(out)
     # The recorder's run dir (its boots' server logs) is the one results.tar.gz brings back.
     assert plan["run_dir"] == argv[argv.index("--run-dir") + 1] == str(work.runs / "landscape")
+    assert not (work.results / gs.base.LANDSCAPE_ASIDE).exists()
     for bad in (_args(record_onto=table), _args(record=True, record_onto="no/such.parquet")):
         assert gs.call(bad, gs.Work(tmp_path / "other")) == 2
+
+
+def test_a_continued_recording_takes_the_rows_other_weights_served_along(tmp_path):
+    """The rows the recorder set aside (other weights served them) travel with their table, so
+    that rows set aside on the machine join them and both come back."""
+    gs = _gpu_search()
+    mine = tmp_path / "repo" / "t.parquet"
+    mine.parent.mkdir()
+    mine.write_bytes(b"table")
+    (mine.parent / "t.other-weights.parquet").write_bytes(b"aside")
+    work = gs.Work(tmp_path / "work")
+    gs.planning.make_plan(_args(record=True, record_onto=str(mine),
+                                search_args=["--axis", "speculative_num_steps=0-2"]), work, 1)
+    assert (work.results / gs.base.LANDSCAPE).read_bytes() == b"table"
+    assert (work.results / gs.base.LANDSCAPE_ASIDE).read_bytes() == b"aside"
+    assert gs.base.LANDSCAPE_ASIDE in gs.results.RESULT_FILES
+    # the name the recorder gives them beside the route's table
+    recorder = bench_module("record_landscape")
+    assert recorder.aside_path(Path(gs.base.LANDSCAPE)).name == gs.base.LANDSCAPE_ASIDE
 
 
 def _results_tar(path: Path, run_name: str, trials: int) -> None:
