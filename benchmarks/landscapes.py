@@ -275,11 +275,18 @@ def landscape_of(path: str) -> Landscape:
     return load_landscape(path)
 
 
+# The rows of a table that other weights served, set aside beside it by the recorder
+# (record_landscape.aside_path): kept, never replayed.
+OTHER_WEIGHTS = ".other-weights"
+
+
 def recorded_paths(given: Sequence[str] | None) -> list[str]:
-    """The tables to replay: those given, else every Parquet under benchmarks/data/."""
+    """The tables to replay: those given, else every Parquet under benchmarks/data/ (not the
+    rows set aside beside one)."""
     if given:
         return [str(p) for p in given]
-    return sorted(str(p) for p in DATA.glob("*.parquet")) if DATA.is_dir() else []
+    return sorted(str(p) for p in DATA.glob("*.parquet")
+                  if not p.stem.endswith(OTHER_WEIGHTS)) if DATA.is_dir() else []
 
 
 # ------------------------------------------------------------------------------ the repeats

@@ -58,7 +58,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from landscapes import score
+from landscapes import OTHER_WEIGHTS, score
 
 from specdecode_tune.backends import get_backend, preflight
 from specdecode_tune.backends.speccounters import exactly_from_length
@@ -365,7 +365,7 @@ def set_aside_other_weights(rows: Sequence[Mapping[str, Any]],
 
 def aside_path(out: Path) -> Path:
     """Where the rows of other weights go: beside the table, kept, not replayed."""
-    return out.with_name(f"{out.stem}.other-weights{out.suffix}")
+    return out.with_name(f"{out.stem}{OTHER_WEIGHTS}{out.suffix}")
 
 
 def machine_facts() -> dict[str, Any]:

@@ -544,6 +544,10 @@ def test_rows_other_weights_served_are_set_aside_and_booted_again(
     assert set(rec.row_weights(t.to_pylist(), meta["sessions"])) == {"bbbb"}
     side = pq.read_table(rec.aside_path(path))
     assert len(side) == 5 * 2
+    # never replayed: the replay's default tables leave it out
+    land_mod = _load("landscapes")
+    monkeypatch.setattr(land_mod, "DATA", tmp_path)
+    assert land_mod.recorded_paths(None) == [str(path)]
     assert {(r["point"], r["repeat"]) for r in side.to_pylist()} == set(first)
     # Kept on purpose: nothing moves, nothing is booted, the mix is warned about
     pair["sha256"] = "cccc"
