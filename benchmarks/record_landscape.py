@@ -474,8 +474,9 @@ def record(args: argparse.Namespace) -> int:
         rows, aside = set_aside_other_weights(rows, meta["sessions"], mine)
         if aside:
             side = aside_path(out)
-            old_rows, old_meta = read_existing(side)
-            write_table(side, [*old_rows, *aside], sch, old_meta or meta)
+            # The table's metadata (every session's, which say whose rows they are) goes along.
+            old_rows, _ = read_existing(side)
+            write_table(side, [*old_rows, *aside], sch, meta)
             gone = sorted(done_keys(aside))
             session["set_aside"] = {"boots": len(gone), "to": side.name,
                                     "weights": sorted({str(w) for w in row_weights(
