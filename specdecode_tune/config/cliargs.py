@@ -18,6 +18,7 @@ steps). Where a run dir is written is tried by `store.files.check_writable`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import tomllib
 from collections.abc import Callable, Sequence
@@ -33,10 +34,27 @@ _INT = re.compile(r"[+-]?[0-9]+")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the project's errors: one `error:` line on stderr, exit 2."""
+    """argparse with the project's errors: one `error:` line on stderr, exit 2; an unknown
+    flag close to a known one is named with it (`--max-trails`: did you mean --max-trials?)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} ({self.prog} --help lists the flags)\n")
+        hint = self._did_you_mean(message)
+        self.exit(2, f"error: {message}{hint} ({self.prog} --help lists the flags)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        guesses: list[tuple[str, str]] = []
+        for word in message[len(prefix):].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--") and (close := difflib.get_close_matches(flag, known, 1)):
+                guesses.append((flag, close[0]))
+        if len(guesses) == 1:
+            return f"; did you mean {guesses[0][1]}?"
+        return ("; did you mean " + ", ".join(f"{k} (for {f})" for f, k in guesses) + "?"
+                if guesses else "")
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None
