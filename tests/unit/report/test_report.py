@@ -814,3 +814,33 @@ def test_a_kv_pool_that_moved_between_boots_of_one_config_is_named(tmp_path: Pat
     run4.add("b", {"speculative_num_steps": 4}, SEED[4], repeat=1, kv=44_432, extra=warm)
     line = kv_moves(read_run(str(tmp_path / "mixed")))
     assert "49,184 (a, compiled at boot)" in line and "Each boot that compiled" not in line
+
+
+def test_a_config_measured_only_by_boots_that_compiled_is_named_against_its_memorys_pool(
+        tmp_path: Path) -> None:
+    """vLLM 0.26.0 compiles once per class of K (K 1, K 2, K >= 3 at 64 sequences: its compile
+    cache's key holds the largest CUDA-graph size) and sizes its pool in the run that compiles:
+    on an H100 (2026-12-07) K 2 at 0.0075 compiled and held 6,688 tokens where K 4 there,
+    loading its graphs, held 11,440. A config booted once that way has no second boot for its
+    pool to move between; the boots at its memory say it had less."""
+    from specdecode_tune.report.trials import kv_moves
+
+    cold = {"compiled_graphs": 2.0, "loaded_graphs": 0.0}
+    warm = {"compiled_graphs": 0.0, "loaded_graphs": 2.0}
+    mem = "mem_fraction_static"
+    run = Run(tmp_path)
+    run.add("k4", {"speculative_num_steps": 4, mem: 0.0075}, SEED[4], kv=11_440, extra=warm)
+    run.add("k2", {"speculative_num_steps": 2, mem: 0.0075}, SEED[2], kv=6_688, extra=cold)
+    run.add("k3", {"speculative_num_steps": 3, mem: 0.01}, SEED[3], kv=25_568, extra=cold)
+    run.add("k5", {"speculative_num_steps": 5, mem: 0.0075}, SEED[5], kv=11_440, extra=warm)
+    line = kv_moves(read_run(str(tmp_path)))
+    assert line.startswith("Measured only by boots that compiled their graphs at start")
+    assert "(k2: 6,688 tokens, against 11,440 or more where a boot at mem_fraction_static " \
+           "0.0075 loaded its graphs)" in line
+    assert "k3" not in line and "k4" not in line and line.count("steps=") == 1
+    # No boot at that memory loaded its graphs, or the compiled one held as much: nothing said.
+    run2 = Run(tmp_path / "none")
+    run2.add("k3", {"speculative_num_steps": 3, mem: 0.01}, SEED[3], kv=25_568, extra=cold)
+    run2.add("k4", {"speculative_num_steps": 4, mem: 0.0075}, SEED[4], kv=11_440, extra=warm)
+    run2.add("k2", {"speculative_num_steps": 2, mem: 0.0075}, SEED[2], kv=11_440, extra=cold)
+    assert kv_moves(read_run(str(tmp_path / "none"))) == ""
