@@ -93,13 +93,8 @@ def _median_levels(trials: Sequence[Trial]) -> list[LevelSummary]:
     return out
 
 
-def _suspect_why(trial_suspect: bool, levels: Mapping[int, LevelSummary],
-                 brief: bool = False) -> str:
-    """Each suspect level's note ("C=16: ...; C=64: ..."); `brief`: only each note's first
-    clause, the suspect check's words (a note goes on with its rounds and warm-up, which the
-    trials table keeps), so that a second suspect level's reason is not lost in the first's."""
-    parts = [f"C={c}: {(s.note.split('; ', 1)[0] if brief else s.note) or 'flagged'}"
-             for c, s in sorted(levels.items()) if s.suspect]
+def _suspect_why(trial_suspect: bool, levels: Mapping[int, LevelSummary]) -> str:
+    parts = [f"C={c}: {s.note or 'flagged'}" for c, s in sorted(levels.items()) if s.suspect]
     if trial_suspect and not parts:
         parts.append("flagged by the trial (telemetry or errors)")
     return "; ".join(parts)
@@ -154,8 +149,6 @@ def _raw_trials(run_dir: str) -> list[dict[str, Any]]:
                     "params": json.loads(row["params_json"]), "levels": lv, "facts": facts,
                     "suspect": suspect,
                     "suspect_why": _suspect_why(bool(row["suspect"]), lv) if suspect else "",
-                    "suspect_brief": _suspect_why(bool(row["suspect"]), lv, brief=True)
-                    if suspect else "",
                     "table_score": row["score"], "jump_reason": row["jump_reason"] or None,
                     "bracket_reason": row.get("bracket_reason") or None,
                     "plateau_answered": _answered(row.get("plateau_answered")),

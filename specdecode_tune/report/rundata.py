@@ -66,8 +66,14 @@ class Trial:
     # Plateau questions the sampler's model answered without a boot while this trial was
     # proposed (the trials table's `plateau_answered`); () where none.
     plateau_answered: tuple[str, ...] = ()
-    # Each suspect level's first clause only ("C=16: ...; C=64: ..."), for one-line mentions.
-    suspect_brief: str = ""
+
+    @property
+    def suspect_brief(self) -> str:
+        """Each suspect level's first clause only ("C=16: ...; C=64: ..."), the suspect check's
+        words (a level's note goes on with its rounds and warm-up, which the trials table
+        keeps), for one-line mentions; `suspect_why` where no level is suspect."""
+        return "; ".join(f"C={c}: {s.note.split('; ', 1)[0] or 'flagged'}"
+                         for c, s in sorted(self.levels.items()) if s.suspect) or self.suspect_why
 
     @property
     def baseline(self) -> bool:

@@ -56,12 +56,11 @@ def kv_moves(data: RunData) -> str:
     to boots of one config, 2026-12-07), and the levels where the pool binds move with it.
     Where the boots' logs say whether their graphs were compiled at boot or loaded from the
     engine's compile cache (records.COMPILED_GRAPHS), each boot says which, and the paragraph
-    says where every compiling boot got a smaller pool than every loading one."""
+    says where every compiling boot got a smaller pool than every loading one; then the
+    configurations only such boots measured (`compiled_only_configs`)."""
     pools: dict[str, list[tuple[Trial, int]]] = {}
-    for t in data.trials:
-        kv = t.facts.max_total_num_tokens
-        if t.status == "ok" and kv and not t.baseline and t.trial_id not in SCHEDULE_IDS:
-            pools.setdefault(t.config_key, []).append((t, int(kv)))
+    for t, kv in _pooled(data):
+        pools.setdefault(t.config_key, []).append((t, kv))
     parts = []
     split = []
     for cf in data.configs:
@@ -92,33 +91,36 @@ def compiled_only_configs(data: RunData) -> str:
     was 41% smaller at 0.0075 on an H100 (2026-12-07): a configuration booted once that way
     was measured with less KV than the others at its memory, which a comparison of pools
     between its own boots cannot show."""
-    by_mem: dict[object, list[Trial]] = {}
-    for t in data.trials:
-        if (t.status == "ok" and t.facts.max_total_num_tokens and not t.baseline
-                and t.trial_id not in SCHEDULE_IDS and _graphs(t) and MEM in t.params):
-            by_mem.setdefault(t.params[MEM], []).append(t)
+    by_mem: dict[object, list[tuple[Trial, int]]] = {}
+    for t, kv in _pooled(data):
+        if MEM in t.params and _graphs(t):
+            by_mem.setdefault(t.params[MEM], []).append((t, kv))
     named = []
-    for mem, boots in by_mem.items():
-        cold = [t for t in boots if _graphs(t) == "compiled"]
-        warm = [int(t.facts.max_total_num_tokens or 0) for t in boots
-                if _graphs(t) == "loaded"]
-        if not cold or not warm or max(int(t.facts.max_total_num_tokens or 0)
-                                       for t in cold) >= min(warm):
+    for mem, seen in by_mem.items():
+        if not _compile_split(seen):
             continue
-        loaded_keys = {t.config_key for t in boots if _graphs(t) == "loaded"}
+        warm = min(k for t, k in seen if _graphs(t) == "loaded")
+        loaded = {t.config_key for t, _ in seen if _graphs(t) == "loaded"}
         for cf in data.configs:
-            mine = [t for t in cold if t.config_key == cf.key]
-            if mine and cf.key not in loaded_keys:
+            mine = [(t, k) for t, k in seen if t.config_key == cf.key]
+            if mine and cf.key not in loaded:
                 named.append(f"{data.label(cf.params)} ("
-                             + ", ".join(f"{t.trial_id}: {int(t.facts.max_total_num_tokens or 0):,}"
-                                         for t in mine)
-                             + f" tokens, against {min(warm):,} or more where a boot at "
-                               f"{MEM} {mem} loaded its graphs)")
+                             + ", ".join(f"{t.trial_id}: {k:,}" for t, k in mine)
+                             + f" tokens, against {warm:,} or more where a boot at {MEM} {mem} "
+                               f"loaded its graphs)")
     if not named:
         return ""
     return ("Measured only by boots that compiled their graphs at start, with a smaller pool "
             "than the same memory gives a boot that loads them from the compile cache (where "
             "the pool binds, their figures read low): " + "; ".join(named) + ".")
+
+
+def _pooled(data: RunData) -> list[tuple[Trial, int]]:
+    """The boots whose KV pools are compared, with their pool in tokens: speculative boots that
+    measured, not the schedule's validation (its mode sizes the pool otherwise)."""
+    return [(t, int(t.facts.max_total_num_tokens)) for t in data.trials
+            if t.status == "ok" and t.facts.max_total_num_tokens and not t.baseline
+            and t.trial_id not in SCHEDULE_IDS]
 
 
 _GRAPHS_SAID: dict[str | None, str] = {"compiled": ", compiled at boot",

@@ -17,10 +17,16 @@ from pathlib import Path
 DEVICE = Path(__file__).resolve().parents[1]
 REPO = DEVICE.parents[1]
 
+
+def aside_of(table: Path) -> Path:
+    """Where the recorder sets aside the rows of `table` that other weights served
+    (benchmarks/record_landscape.py `aside_path`; a test holds the two to one name)."""
+    return table.with_name(f"{table.stem}.other-weights{table.suffix}")
+
+
 # Result files brought back in $OUT beside the search's (results.RESULT_FILES).
 LANDSCAPE = "landscape.parquet"   # --record: the recorded table, brought back
-# ... and the rows of it that other weights served, set aside by the recorder, brought back
-LANDSCAPE_ASIDE = "landscape.other-weights.parquet"
+LANDSCAPE_ASIDE = aside_of(Path(LANDSCAPE)).name   # ... and the rows other weights served
 READINGS = "readings.tar.gz"      # --readings: the live server's words and ours, brought back
 MODELS_REPORT = "eagle3-acceptance.json"
 # Where the route trains the EAGLE-3 test models (specdecode_tune.testing.eagle3) when an

@@ -118,8 +118,7 @@ def make_plan(args: argparse.Namespace, work: Work, n_gpus: int) -> dict:
         table = work.results / LANDSCAPE
         if args.record_onto and not table.exists():
             onto = REPO / args.record_onto
-            aside = onto.with_name(f"{onto.stem}.other-weights{onto.suffix}")
-            if aside.is_file():
+            if (aside := base.aside_of(onto)).is_file():
                 shutil.copyfile(aside, work.results / LANDSCAPE_ASIDE)
             shutil.copyfile(onto, table)
         run_dir = work.runs / "landscape"
