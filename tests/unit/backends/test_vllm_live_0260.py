@@ -138,8 +138,8 @@ def test_the_boot_log_says_which_graphs_were_compiled_and_the_kv_memory_left() -
     machine compiled (torch.compile 15.0 + 9.2 s) and left 0.27 GiB, 25,568 tokens; the next
     (K 4, the same compile cache directory: K 4 and K 8 share a CUDA-graph size, 512) loaded
     both graphs (2.2 + 0.3 s) and left 0.32 GiB, 30,304 tokens. vLLM compiles inside the
-    profile run that sizes
-    its KV memory; this is the reading the report's KV-moves paragraph names."""
+    profile run that sizes its KV memory; this is the reading the report's KV-moves paragraph
+    names."""
     from specdecode_tune.records import COMPILED_GRAPHS, LOADED_GRAPHS
 
     cold = VLLM.memory_facts(words("landscape-cold-startup.log"))
