@@ -5,11 +5,13 @@ first)."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,24 @@ MAX_OUT_FILE = 16 << 20
 # here in 4 KiB blocks (as the device counts the files that travel to it), 1 MiB kept spare.
 MAX_OUT_FILES = 8
 MAX_OUT_TOTAL = 63 << 20
+
+
+def compiler_caches() -> list[tuple[str, Path]]:
+    """Where the engines' compilers leave what they built outside the work dir: Triton's and
+    Inductor's cache folders as their defaults put them (an environment variable of theirs,
+    else ~/.triton/cache and <tmp>/torchinductor_<user>). Their sizes go into status.txt with
+    the work dir's cache/ (vLLM's VLLM_CACHE_ROOT of the GPU experiments is cache/vllm-cache),
+    so that carrying them to a later machine, which would spare its first boot of each graph
+    class the compile (70-140 s, and a smaller KV pool: docs/engines-vllm.md section 3), is
+    sized from what a machine wrote."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):   # no name for this uid: Inductor itself would fail the same
+        user = str(os.getuid())
+    return [("triton", Path(os.environ.get("TRITON_CACHE_DIR")
+                            or Path.home() / ".triton" / "cache")),
+            ("inductor", Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                              or Path(tempfile.gettempdir()) / f"torchinductor_{user}"))]
 
 
 def pack_readings(work: Work) -> None:
@@ -103,10 +123,35 @@ def status_text(work: Work, plan: dict | None) -> str:
                      f"{base.numbers_text(sorted(set(back['sent'].values()))) or '-'}")
     for name, s in steps.items():
         lines.append(f"{name:7} {'ok' if s['ok'] else 'FAILED'} {s['wall_s']:7.1f}s  {s['note']}")
+    caches = caches_line(work)
+    if caches:
+        lines.append(caches)
     calls = [c["wall_s"] for c in work.read("calls.json", [])] + [time.monotonic() - T0]
     lines.append(f"calls: {len(calls)} (this one until now last): "
                  + ", ".join(f"{c:.0f}s" for c in calls))
     return "\n".join(lines) + "\n"
+
+
+def folder_size(folder: Path) -> tuple[int, int]:
+    """The files under `folder` (links not followed) and their bytes."""
+    n = size = 0
+    for f in folder.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            n += 1
+            size += f.stat().st_size
+    return n, size
+
+
+def caches_line(work: Work) -> str:
+    """What the cache folders hold: each folder of the work dir's cache/ and the compilers'
+    own (compiler_caches), as files and MiB; '' where there is none."""
+    found = [(d.name, d) for d in sorted(work.cache.iterdir()) if d.is_dir()]
+    found += [(f"{name} ({path})", path) for name, path in compiler_caches() if path.is_dir()]
+    parts = []
+    for name, folder in found:
+        n, size = folder_size(folder)
+        parts.append(f"{name} {size / 2**20:.1f} MiB in {n} file{'s' * (n != 1)}")
+    return f"caches: {'; '.join(parts)}" if parts else ""
 
 
 # The results, in their order of need (deliver() sends what fits).

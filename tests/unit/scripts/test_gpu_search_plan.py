@@ -200,3 +200,26 @@ def test_a_search_goes_on_from_the_run_dir_an_earlier_session_brought_back(tmp_p
     with pytest.raises(SystemExit):
         gs.planning.resume_run(args, other, gs.planning.make_plan(args, other, 1))
     assert not (other.runs / "sglang-gpu").exists()
+
+
+def test_the_status_sizes_each_cache_a_later_machine_could_be_carried(tmp_path, monkeypatch):
+    """status.txt names each folder of the work dir's cache/ and the compilers' own (Triton's,
+    Inductor's) with its files and MiB, links not followed: the sizes a carry of the compile
+    caches between sessions would move, read from the machine that wrote them."""
+    gs = _gpu_search()
+    work = gs.Work(tmp_path / "work")
+    graphs = work.cache / "vllm-cache" / "torch_compile_cache" / "c441aaa250"
+    graphs.mkdir(parents=True)
+    (graphs / "artifact").write_bytes(b"x" * (3 << 20))
+    (work.cache / "vllm-cache" / "modelinfos.json").write_text("{}")
+    triton = tmp_path / "triton"
+    (triton / "k1").mkdir(parents=True)
+    (triton / "k1" / "kernel.cubin").write_bytes(b"y" * (1 << 20))
+    (triton / "link").symlink_to(triton / "k1" / "kernel.cubin")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "absent"))
+    text = gs.results.status_text(work, None)
+    assert (f"caches: vllm-cache 3.0 MiB in 2 files; triton ({triton}) 1.0 MiB in 1 file\n"
+            in text)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "absent"))
+    assert "caches:" not in gs.results.status_text(gs.Work(tmp_path / "bare"), None)
