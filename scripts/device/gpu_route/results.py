@@ -32,8 +32,9 @@ def compiler_caches() -> list[tuple[str, Path]]:
     else ~/.triton/cache and <tmp>/torchinductor_<user>). Their sizes go into status.txt with
     the work dir's cache/ (vLLM's VLLM_CACHE_ROOT of the GPU experiments is cache/vllm-cache),
     so that carrying them to a later machine, which would spare its first boot of each graph
-    class the compile (70-140 s, and a smaller KV pool: docs/engines-vllm.md section 3), is
-    sized from what a machine wrote."""
+    class the compile (such a boot took 120-198 s against 49-76 s for one that loaded, H100,
+    2026-12-07, and got a smaller KV pool: docs/engines-vllm.md section 3), is sized from what
+    a machine wrote."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):   # no name for this uid: Inductor itself would fail the same
