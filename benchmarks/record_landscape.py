@@ -15,7 +15,9 @@ point, repeat and level) is what `benchmarks/landscapes.py` replays in
   per repeat with the experiment's fixed flags (the other axes mean nothing without a draft).
 - The order is repeat-major, each repeat's points shuffled (seeded by the repeat): an
   interrupted recording holds whole grids with fewer repeats, and the machine's drift over the
-  recording does not line up with an axis.
+  recording does not line up with an axis. Each session puts the baseline first in each
+  repeat, and of the points that differ only in the memory fraction the roomiest first
+  (`session_order`: where vLLM compiles, the compile falls on the boot whose pool can spare it).
 - Resumable: rows already in `--out` (same point and repeat) are not booted again; the table is
   rewritten (atomically) after every boot. `--stop-at HH:MM` (UTC) starts no boot after then.
 - One table, one pair of weights: a row is served by the weights of the session that booted it
@@ -69,8 +71,9 @@ from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.enginecache import expand_path
 from specdecode_tune.errors import ConfigError
 from specdecode_tune.records import COMPILED_GRAPHS, TrialResult
-from specdecode_tune.space import STEPS, as_served, resolve
+from specdecode_tune.space import MEM, STEPS, as_served, resolve
 from specdecode_tune.store import rundir
+from specdecode_tune.telemetry import machine_gpu_uuids
 from specdecode_tune.trial import TrialContext, run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,6 +174,32 @@ def schedule(points: Sequence[dict[str, Any]], repeats: int) -> list[tuple[dict[
         random.Random(1000 + r).shuffle(batch)
         order += [(p, r) for p in batch]
     return order
+
+
+def session_order(todo: Sequence[tuple[dict[str, Any], int]]
+                  ) -> list[tuple[dict[str, Any], int]]:
+    """This session's boots in the schedule's order, but in each repeat the baseline first (a
+    fresh machine's first boot warms what every point shares: on a machine slower or faster
+    than the last, the points of the session are then scored against a baseline it measured
+    too), and of the points that differ only in the memory fraction, the roomiest where the
+    first of them stood. vLLM compiles its graphs at the first boot of a K on a machine and
+    then has ~51 MiB less for its KV pool (docs/engines-vllm.md section 3): at the roomiest
+    fraction the smaller pool still holds the heaviest level, so the compile costs that boot
+    its start-up seconds and not its figure, and the same K's tighter fractions after it load
+    the compiled graphs with their whole pool. The other slots keep the shuffle's places, so
+    the machine's drift lines up with no axis."""
+    out: list[tuple[dict[str, Any], int]] = []
+    for r in dict.fromkeys(rep for _, rep in todo):
+        batch = [p for p, rep in todo if rep == r]
+        batch.sort(key=lambda p: int(p.get(STEPS, 0)) != 0)        # stable: the baseline first
+        slots: dict[str, list[int]] = {}
+        for i, p in enumerate(batch):
+            slots.setdefault(point_id({k: v for k, v in p.items() if k != MEM}), []).append(i)
+        for where in slots.values():
+            roomiest = max(where, key=lambda i: float(batch[i].get(MEM, 0.0)))
+            batch[where[0]], batch[roomiest] = batch[roomiest], batch[where[0]]
+        out += [(p, r) for p in batch]
+    return out
 
 
 # ----------------------------------------------------------------------------------- the table
@@ -397,8 +426,16 @@ def machine_facts() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    # Which machine: every lent GPU machine says node "vm", and H100s of one model served
+    # these test models 30-44% apart (docs/gpu-runs.md); the GPUs' UUIDs and the kernel's boot
+    # id tell one machine from the next, and a restarted session on the same one from both.
     return {"node": platform.node(), "cpu": cpu, "cpus": os.cpu_count(),
-            "platform": platform.platform(), "loadavg_at_start": list(os.getloadavg())}
+            "platform": platform.platform(), "loadavg_at_start": list(os.getloadavg()),
+            "gpu_uuids": machine_gpu_uuids(), "boot_id": boot_id}
 
 
 def recorded_experiment(path: Path, overrides: Mapping[str, Any]) -> tuple[Experiment, str]:
@@ -488,7 +525,8 @@ def record(args: argparse.Namespace) -> int:
                   f"docs/gpu.md section 5; --keep-other-weights mixes them)", flush=True)
     done = done_keys(rows)
     n_before = len(rows)
-    todo = [(p, r) for p, r in schedule(points, args.repeats) if (point_id(p), r) not in done]
+    todo = session_order([(p, r) for p, r in schedule(points, args.repeats)
+                          if (point_id(p), r) not in done])
     print(f"record_landscape: {len(points)} points x {args.repeats} repeats at C="
           f"{','.join(map(str, levels))}; {len(done)} boots already recorded, {len(todo)} to "
           f"go -> {out}", flush=True)

@@ -617,6 +617,52 @@ def test_contenders_repeat_only_the_points_near_the_best(
     assert write_recording(rec, path, monkeypatch, extra=["--contenders", "0.10"]) == []
 
 
+def test_a_session_boots_the_baseline_first_and_each_steps_roomiest_fraction_first(
+        rec: ModuleType) -> None:
+    """vLLM compiles at the first boot of a K on a machine and has ~51 MiB less KV pool then
+    (41% of it at 0.0075 on the test pair, 2026-12-07): the session's order puts that boot at
+    the roomiest fraction, whose pool still holds C=64. The continuation of the H100 table
+    (2026-12-07, first repeat whole, 9 second repeats to go) booted K 1, 2 and 4 first at
+    0.0075 / 0.0125 / 0.0125 and would have compiled at 0.0075 again."""
+    mem = "mem_fraction_static"
+    points = rec.grid_points([(STEPS, [0, 1, 2, 4]), (mem, [0.0075, 0.01, 0.0125])])
+    todo = rec.schedule(points, 2)
+    done = {(rec.point_id(p), 0) for p, r in todo[:5] if r == 0}
+    left = [(p, r) for p, r in todo if (rec.point_id(p), r) not in done]
+    order = rec.session_order(left)
+    assert sorted(map(repr, order)) == sorted(map(repr, left))      # the same boots
+    for r in (0, 1):
+        mine = [p for p, rep in order if rep == r]
+        assert [rep for _, rep in order] == sorted(rep for _, rep in order)   # repeat-major
+        if any(p.get(STEPS) == 0 for p in mine):
+            assert mine[0] == {STEPS: 0}
+        for k in (1, 2, 4):
+            fracs = [p[mem] for p in mine if p.get(STEPS) == k]
+            if fracs:
+                assert fracs[0] == max(fracs), (r, k, fracs)
+    # The other slots keep the shuffle's places: the fractions do not come in sorted order
+    second = [p.get(mem) for p, r in order if r == 1 and p.get(STEPS)]
+    assert second != sorted(second, reverse=True)
+    # No memory axis (an SGLang or llama.cpp grid): the baseline first, the rest as shuffled
+    plain = rec.schedule(rec.grid_points([(STEPS, [0, 1, 2]), (NGRAM, [1, 2])]), 1)
+    assert rec.session_order(plain) == [plain[[p for p, _ in plain].index({STEPS: 0})]] + [
+        (p, r) for p, r in plain if p != {STEPS: 0}]
+
+
+def test_a_session_says_which_machine_booted_it(rec: ModuleType, table: Path) -> None:
+    """Every lent GPU machine is node "vm": the session's facts carry the GPUs' UUIDs and the
+    kernel's boot id, so rows of two machines (H100s 30-44% apart on the test models) and a
+    restart on one machine are told apart."""
+    import pyarrow.parquet as pq
+
+    facts = rec.machine_facts()
+    assert isinstance(facts["gpu_uuids"], list)             # [] here: no GPU, no driver
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    assert facts["boot_id"] == (boot_id.read_text().strip() if boot_id.is_file() else "")
+    meta = json.loads(pq.read_table(table).schema.metadata[b"landscape"])
+    assert meta["sessions"][0]["machine"]["boot_id"] == facts["boot_id"]
+
+
 def test_contenders_take_a_fraction(rec: ModuleType, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-1",
