@@ -622,8 +622,9 @@ def test_a_session_boots_the_baseline_first_and_each_steps_roomiest_fraction_fir
     """vLLM compiles at the first boot of a K on a machine and has ~51 MiB less KV pool then
     (41% of it at 0.0075 on the test pair, 2026-12-07): the session's order puts that boot at
     the roomiest fraction, whose pool still holds C=64. The continuation of the H100 table
-    (2026-12-07, first repeat whole, 9 second repeats to go) booted K 1, 2 and 4 first at
-    0.0075 / 0.0125 / 0.0125 and would have compiled at 0.0075 again."""
+    (2026-12-07: the first repeat whole, 9 second repeats to go) would, in the plain shuffle,
+    have compiled K 6 at 0.01 (the best point, 16% less pool) and K 2 at 0.0075 (41% less)
+    again."""
     mem = "mem_fraction_static"
     points = rec.grid_points([(STEPS, [0, 1, 2, 4]), (mem, [0.0075, 0.01, 0.0125])])
     todo = rec.schedule(points, 2)
