@@ -186,8 +186,9 @@ def session_order(todo: Sequence[tuple[dict[str, Any], int]]
     then has ~51 MiB less for its KV pool (docs/engines-vllm.md section 3): at the roomiest
     fraction the smaller pool still holds the heaviest level, so the compile costs that boot
     its start-up seconds and not its figure, and the same K's tighter fractions after it load
-    the compiled graphs with their whole pool. The other slots keep the shuffle's places, so
-    the machine's drift lines up with no axis."""
+    the compiled graphs with their whole pool. The other slots keep the shuffle's places: only
+    which of a K's fractions comes first is fixed (the roomiest), a far smaller tie of the
+    order to the memory axis than sorting by it, traded for figures taken with the whole pool."""
     out: list[tuple[dict[str, Any], int]] = []
     for r in dict.fromkeys(rep for _, rep in todo):
         batch = [p for p, rep in todo if rep == r]
