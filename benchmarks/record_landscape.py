@@ -179,16 +179,17 @@ def schedule(points: Sequence[dict[str, Any]], repeats: int) -> list[tuple[dict[
 def session_order(todo: Sequence[tuple[dict[str, Any], int]]
                   ) -> list[tuple[dict[str, Any], int]]:
     """This session's boots in the schedule's order, but in each repeat the baseline first (a
-    fresh machine's first boot warms what every point shares: on a machine slower or faster
-    than the last, the points of the session are then scored against a baseline it measured
-    too), and of the points that differ only in the memory fraction, the roomiest where the
-    first of them stood. vLLM compiles its graphs at the first boot of a K on a machine and
-    then has ~51 MiB less for its KV pool (docs/engines-vllm.md section 3): at the roomiest
-    fraction the smaller pool still holds the heaviest level, so the compile costs that boot
-    its start-up seconds and not its figure, and the same K's tighter fractions after it load
-    the compiled graphs with their whole pool. The other slots keep the shuffle's places: only
-    which of a K's fractions comes first is fixed (the roomiest), a far smaller tie of the
-    order to the memory axis than sorting by it, traded for figures taken with the whole pool."""
+    fresh machine's first boot warms what every point shares, and each machine, however fast,
+    measures a baseline of its own, which the scores' mean baseline then holds and a reader can
+    set its points against, even where the session ends early), and of the points that differ
+    only in the memory fraction, the roomiest where the first of them stood. vLLM compiles its
+    graphs at the first boot of a K on a machine and then has ~51 MiB less for its KV pool
+    (docs/engines-vllm.md section 3): at the roomiest fraction the smaller pool still holds the
+    heaviest level, so the compile costs that boot its start-up seconds and not its figure, and
+    the same K's tighter fractions after it load the compiled graphs with their whole pool. The
+    other slots keep the shuffle's places: only which of a K's fractions comes first is fixed
+    (the roomiest), a far smaller tie of the order to the memory axis than sorting by it,
+    traded for figures taken with the whole pool."""
     out: list[tuple[dict[str, Any], int]] = []
     for r in dict.fromkeys(rep for _, rep in todo):
         batch = [p for p, rep in todo if rep == r]
