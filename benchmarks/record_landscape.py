@@ -64,6 +64,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from landscapes import OTHER_WEIGHTS, score
 
+from specdecode_tune import procfs
 from specdecode_tune.backends import get_backend, preflight
 from specdecode_tune.backends.speccounters import exactly_from_length
 from specdecode_tune.config import Experiment
@@ -428,16 +429,12 @@ def machine_facts() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot_id = ""
     # Which machine: every lent GPU machine says node "vm", and H100s of one model served
     # these test models 30-44% apart (docs/gpu-runs.md); the GPUs' UUIDs and the kernel's boot
     # id tell one machine from the next, and a restarted session on the same one from both.
     return {"node": platform.node(), "cpu": cpu, "cpus": os.cpu_count(),
             "platform": platform.platform(), "loadavg_at_start": list(os.getloadavg()),
-            "gpu_uuids": machine_gpu_uuids(), "boot_id": boot_id}
+            "gpu_uuids": machine_gpu_uuids(), "boot_id": procfs.boot_id() or ""}
 
 
 def recorded_experiment(path: Path, overrides: Mapping[str, Any]) -> tuple[Experiment, str]:
