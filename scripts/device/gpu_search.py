@@ -260,7 +260,8 @@ def run_pipeline(args: argparse.Namespace, work: Work, plan: dict) -> int:
 
 def finished(work: Work, plan: dict, state: str, models_left: list[int]) -> int:
     """The pipeline has ended: its summary; DONE, or FAILED; NEXT while model chunks are left."""
-    print(results.status_text(work, plan), end="")
+    # bring_back() has just written it (the caches' walk once, not twice)
+    print((work.results / "status.txt").read_text(), end="")
     search_log = work.results / "search.log"
     if search_log.is_file():
         print("--- the search's last lines ---")

@@ -32,9 +32,9 @@ def compiler_caches() -> list[tuple[str, Path]]:
     else ~/.triton/cache and <tmp>/torchinductor_<user>). Their sizes go into status.txt with
     the work dir's cache/ (vLLM's VLLM_CACHE_ROOT of the GPU experiments is cache/vllm-cache),
     so that carrying them to a later machine, which would spare its first boot of each graph
-    class the compile (such a boot took 120-198 s against 49-76 s for one that loaded, H100,
-    2026-12-07, and got a smaller KV pool: docs/engines-vllm.md section 3), is sized from what
-    a machine wrote."""
+    class the compile (a speculative boot that compiled took 87-198 s to start against 44-76 s
+    for one that loaded, H100, 2026-12-07, and got a smaller KV pool: docs/engines-vllm.md
+    section 3), is sized from what a machine wrote."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):   # no name for this uid: Inductor itself would fail the same
@@ -166,14 +166,15 @@ def blocks(size: int) -> int:
 
 def deliver(work: Work, plan: dict, first: list[Path] | tuple[Path, ...] = (),
             results_first: bool = False) -> list[str]:
-    """Copy to $OUT what fits in one call's limits: status.txt, then `first` (--models-back's
-    manifest and chunks), then the results in their order of need (`results_first`: the
-    results before `first`); the names sent."""
+    """Write status.txt (also without $OUT: the call's summary prints it), then copy to $OUT
+    what fits in one call's limits: status.txt, then `first` (--models-back's manifest and
+    chunks), then the results in their order of need (`results_first`: the results before
+    `first`); the names sent."""
+    (work.results / "status.txt").write_text(status_text(work, plan))
     out = os.environ.get("OUT")
     if not out:
         say(f"results in {work.results} ($OUT is not set)")
         return []
-    (work.results / "status.txt").write_text(status_text(work, plan))
     sent: list[str] = []
     total = 0
     found = tuple(work.results / n for n in RESULT_FILES)

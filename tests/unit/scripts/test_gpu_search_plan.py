@@ -223,3 +223,19 @@ def test_the_status_sizes_each_cache_a_later_machine_could_be_carried(tmp_path, 
             in text)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "absent"))
     assert "caches:" not in gs.results.status_text(gs.Work(tmp_path / "bare"), None)
+
+
+def test_the_last_calls_summary_is_the_status_it_wrote(tmp_path, monkeypatch, capsys):
+    """The call that finds the pipeline ended prints status.txt as bring_back() wrote it (one
+    walk of the caches, not two), $OUT set or not."""
+    gs = _gpu_search()
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "absent"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "absent"))
+    work = gs.Work(tmp_path / "work")
+    work.results.mkdir(parents=True, exist_ok=True)
+    (work.cache / "vllm-cache").mkdir(parents=True)
+    assert gs.finished(work, None, "ok", gs.results.bring_back(work, None, None, ended=True)) == 0
+    written = (work.results / "status.txt").read_text()
+    assert "caches: vllm-cache 0.0 MiB in 0 files\n" in written
+    assert written in capsys.readouterr().out
