@@ -737,3 +737,79 @@ def test_a_recorded_landscape_says_what_its_own_windows_took() -> None:
     lines: list[str] = []
     W.report_recorded([str(Path(L.DATA) / "sglang-gpu-h100.parquet")], 0, say=lines.append)
     assert any("as measured: " in ln and "do not model this server" in ln for ln in lines)
+
+
+# ------------------------------------------------------------- the boots by session (machine)
+
+
+def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
+        rec: ModuleType, table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A second session on a machine twice as fast (every figure doubled, the baseline's too):
+    over its own baseline each boot scores as the first machine's boot of the same repeat
+    figures; over the table's mean baseline it scores higher by the machine's factor."""
+    import dataclasses
+    import datetime as dt
+
+    import pyarrow.parquet as pq
+
+    sessions_mod = _load("landscape_sessions")
+    # The first session an hour before the second (both would start in one second here)
+    first_t = pq.read_table(table)
+    first_meta = json.loads(first_t.schema.metadata[b"landscape"])
+    for s in first_meta["sessions"]:
+        for k in ("started_utc", "ended_utc"):
+            s[k] = (dt.datetime.fromisoformat(s[k]) - dt.timedelta(hours=1)).isoformat()
+    rows = first_t.to_pylist()
+    for r in rows:
+        r["started_at"] -= 3600.0
+    rec.write_table(table, rows, first_t.schema, first_meta)
+
+    def faster(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
+        r = result_for(sampled, 0)
+        return dataclasses.replace(r, levels=tuple(
+            dataclasses.replace(lv, output_tok_s=2 * lv.output_tok_s) for lv in r.levels))
+
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    monkeypatch.setattr(rec, "run_trial", faster)
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
+                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
+                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    t = pq.read_table(table)
+    meta = json.loads(t.schema.metadata[b"landscape"])
+    boots = sessions_mod.session_boots(t.to_pylist(), meta)
+    assert sorted({b.session for b in boots}) == [1, 2]
+    assert len([b for b in boots if b.session == 2]) == 6    # the baseline and 5 measured points
+    base1 = statistics.fmean(BASE)                           # session 1: 100
+    base_table = statistics.fmean([*BASE, 2 * BASE[0]])      # 125
+    (second,) = [b for b in boots if b.session == 2 and b.point == {STEPS: 1, NGRAM: 2}]
+    # C=1 and C=4 (twice C=1) move together: the score is one level's log ratio
+    assert second.own == pytest.approx(math.log(2 * 150.0 / (2 * BASE[0])))
+    assert second.table == pytest.approx(math.log(2 * 150.0 / base_table))
+    (first,) = [b for b in boots if b.session == 1 and b.point == {STEPS: 1, NGRAM: 2}
+                and b.repeat == 1]
+    assert first.own == pytest.approx(math.log(171.0 / base1))
+    spread = {tuple(sorted(s.point.items())): s for s in sessions_mod.spreads(boots)}
+    s = spread[((NGRAM, 2), (STEPS, 1))]
+    assert s.sessions == (1, 1, 1, 2)
+    assert s.own == pytest.approx(math.log(171.0 / 150.0))          # repeats 1 and 0 (own)
+    assert s.table == pytest.approx(math.log(300.0 / 125.0 / (150.0 / 125.0)))
+    # the cold boot is told apart; a point never booted in session 2 has no spread line
+    assert [b.compiled for b in boots if b.point == {STEPS: 3, NGRAM: 2}][:1] == [True]
+    assert ((NGRAM, 2), (STEPS, 2)) not in spread                   # refused every time
+
+    assert sessions_mod.main([str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "23 measured boots in 2 session(s)" in out     # 28 less the 5 refused
+    assert re.search(r"num_steps=1 spec_ngram_simple_size_n=2\s+sessions 1,1,1,2\s+own\s+"
+                     r"1\.140x\s+table\s+2\.000x", out), out
+    assert sessions_mod.main([str(tmp_path / "none.parquet")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_a_row_belongs_to_the_last_session_started_before_its_boot() -> None:
+    sessions_mod = _load("landscape_sessions")
+    starts = [100.0, 200.0, 300.0]
+    assert [sessions_mod.session_of(t, starts) for t in (99.0, 100.0, 250.0, 300.5, None)] \
+        == [None, 1, 2, 3, None]

@@ -1,0 +1,196 @@
+"""A recorded table's boots by the session that booted them, scored two ways.
+
+The replay (`landscapes.py`) scores a point by its repeats' mean tok/s over the mean of every
+boot of the baseline: right when one machine booted them all. A table recorded over several
+device sessions gets a machine a session, and two H100s of one kind need not run at one speed.
+Here each boot is scored twice, with the replay's objective (`landscapes.score`):
+
+- **own**: over the baseline its own session booted (the mean of them, where it booted more
+  than one); none where that session booted no baseline;
+- **table**: over the table's mean baseline, as the replay scores it.
+
+and, for each point booted in two or more sessions, the spread of its boots' scores (the largest
+minus the smallest, log units) under each. Where the own-baseline spread is the smaller, the
+sessions' machines differ and the table's ranking carries which session booted which point;
+where it is not, two boots of one point differ by more than their machines do.
+
+    python benchmarks/landscape_sessions.py benchmarks/data/recording/vllm-gpu-h100.parquet
+
+A session is the recorder's (one per `record_landscape.py` run, its `sessions` metadata): a row
+belongs to the last session that started before its boot (`started_at`). Sessions carry no
+machine id before 2026-12-07's fourth vLLM session (`machine.boot_id` after), so a restart on
+the same warm machine counts as a session of its own here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from landscapes import score
+from record_landscape import META_KEY
+
+from specdecode_tune.config.experiment import experiment_from_dict
+from specdecode_tune.space import STEPS
+
+
+@dataclass(frozen=True)
+class SessionBoot:
+    session: int             # the recorder's session (1 = the table's first)
+    point: dict[str, Any]
+    repeat: int
+    compiled: bool | None    # the boot compiled the engine's graphs (None: not recorded)
+    kv_tokens: int | None
+    tok_s: dict[int, float]
+    own: float | None        # score over its own session's baseline
+    table: float | None      # score over the table's mean baseline
+
+
+def session_of(started_at: float | None, starts: Sequence[float]) -> int | None:
+    """The 1-based index of the last session started at or before `started_at`."""
+    if started_at is None:
+        return None
+    found = [i for i, t in enumerate(starts, 1) if t <= started_at]
+    return found[-1] if found else None
+
+
+def _mean(boots: Sequence[Mapping[int, float]]) -> dict[int, float]:
+    levels = set.intersection(*(set(b) for b in boots)) if boots else set()
+    return {c: statistics.fmean(b[c] for b in boots) for c in sorted(levels)}
+
+
+def _score(tok_s: Mapping[int, float], base: Mapping[int, float],
+           weights: Mapping[int, float]) -> float | None:
+    used = [c for c, w in weights.items() if w > 0]
+    if not base or any(c not in tok_s or c not in base for c in used):
+        return None
+    return score(dict(tok_s), dict(base), dict(weights))
+
+
+def session_boots(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
+                  ) -> list[SessionBoot]:
+    """Every measured boot of the table, in the order booted, scored both ways."""
+    weights = experiment_from_dict(meta["experiment"], where="the table's metadata"
+                                   ).level_weights()
+    starts = [dt.datetime.fromisoformat(s["started_utc"]).timestamp()
+              for s in meta.get("sessions", []) if s.get("started_utc")]
+    # started_utc is cut to the second: a boot starts after its session did.
+    by_boot: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("output_tok_s"):
+            by_boot.setdefault((r["point"], int(r["repeat"])), []).append(r)
+    raw = []
+    for (pid, repeat), rs in by_boot.items():
+        first = rs[0]
+        facts = json.loads(first.get("facts_json") or "{}")
+        compiled = None if "compiled_graphs" not in facts else facts["compiled_graphs"] > 0
+        raw.append((first.get("started_at") or 0.0, json.loads(pid), repeat, compiled,
+                    first.get("max_total_num_tokens"),
+                    session_of(first.get("started_at"), sorted(starts)),
+                    {int(r["concurrency"]): float(r["output_tok_s"]) for r in rs}))
+    raw.sort(key=lambda b: b[0])
+    bases: dict[int | None, list[dict[int, float]]] = {}
+    for _, point, _, _, _, sess, tok in raw:
+        if int(point.get(STEPS, 0)) == 0:
+            bases.setdefault(sess, []).append(tok)
+    table_base = _mean([t for ts in bases.values() for t in ts])
+    out = []
+    for _, point, repeat, compiled, kv, sess, tok in raw:
+        own_base = _mean(bases[sess]) if sess in bases else {}
+        out.append(SessionBoot(sess or 0, point, repeat, compiled, kv, tok,
+                               _score(tok, own_base, weights), _score(tok, table_base, weights)))
+    return out
+
+
+@dataclass(frozen=True)
+class Spread:
+    point: dict[str, Any]
+    sessions: tuple[int, ...]
+    own: float | None     # largest minus smallest own score (None: a session had no baseline)
+    table: float
+
+
+def spreads(boots: Sequence[SessionBoot]) -> list[Spread]:
+    """For each speculative point booted in two or more sessions, its boots' score spread."""
+    by_point: dict[str, list[SessionBoot]] = {}
+    for b in boots:
+        if int(b.point.get(STEPS, 0)) > 0 and b.table is not None:
+            by_point.setdefault(json.dumps(b.point, sort_keys=True), []).append(b)
+    out = []
+    for bs in by_point.values():
+        if len({b.session for b in bs}) < 2:
+            continue
+        owns = [b.own for b in bs]
+        tables = [b.table for b in bs if b.table is not None]
+        own = None if any(o is None for o in owns) else \
+            max(o for o in owns if o is not None) - min(o for o in owns if o is not None)
+        out.append(Spread(bs[0].point, tuple(b.session for b in bs), own,
+                          max(tables) - min(tables)))
+    return out
+
+
+def _short(point: Mapping[str, Any]) -> str:
+    """steps first, then the other axes: "num_steps=4 mem_fraction_static=0.0125"."""
+    return " ".join(f"{k.replace('speculative_', '')}={v}"
+                    for k, v in sorted(point.items(), key=lambda kv: (kv[0] != STEPS, kv[0])))
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{math.exp(v):.3f}x"
+
+
+def report(path: str, say: Any = print) -> int:
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
+    if not meta.get("experiment"):
+        raise SystemExit(f"landscape_sessions: {path}: no recorder metadata (key "
+                         f"{META_KEY.decode()}): not a table record_landscape.py wrote")
+    boots = session_boots(table.to_pylist(), meta)
+    say(f"{path}: {len(boots)} measured boots in {len({b.session for b in boots})} "
+        f"session(s); scores: the objective over the session's own baseline, and over the "
+        f"table's mean baseline (the replay's)")
+    say(f"{'session':>7}  {'point':<34} {'rep':>3} {'compiled':>8} {'KV tokens':>10}  "
+        f"{'tok/s per level':<28} {'own':>7} {'table':>7}")
+    for b in boots:
+        levels = " / ".join(f"{b.tok_s[c]:,.0f}" for c in sorted(b.tok_s))
+        comp = "-" if b.compiled is None else ("yes" if b.compiled else "no")
+        say(f"{b.session:>7}  {_short(b.point):<34} {b.repeat + 1:>3} {comp:>8} "
+            f"{b.kv_tokens if b.kv_tokens is not None else '-':>10}  {levels:<28} "
+            f"{_x(b.own):>7} {_x(b.table):>7}")
+    sp = spreads(boots)
+    if not sp:
+        say("no point was booted in two sessions: nothing to compare")
+        return 0
+    say("points booted in two or more sessions (spread: largest over smallest boot score):")
+    for s in sp:
+        say(f"  {_short(s.point):<34} sessions {','.join(map(str, s.sessions)):<6} own "
+            f"{_x(s.own):>7}  table {_x(s.table):>7}")
+    both = [s for s in sp if s.own is not None]
+    if both:
+        say(f"median spread over the {len(both)} point(s) with a baseline in each session: "
+            f"own {_x(statistics.median(s.own for s in both if s.own is not None))}, table "
+            f"{_x(statistics.median(s.table for s in both))}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("table", help="a Parquet table record_landscape.py wrote")
+    args = ap.parse_args(argv)
+    if not Path(args.table).is_file():
+        print(f"landscape_sessions: {args.table}: no such file", file=sys.stderr)
+        return 2
+    return report(args.table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
