@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from landscapes import score
-from record_landscape import META_KEY
+from landscapes import read_meta, score
 
 from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.space import STEPS
@@ -149,11 +148,8 @@ def _x(v: float | None) -> str:
 
 
 def report(path: str, say: Any = print) -> int:
+    meta = read_meta(path)        # ValueError: not a table the recorder wrote
     table = pq.read_table(path)
-    meta = json.loads((table.schema.metadata or {}).get(META_KEY, b"{}"))
-    if not meta.get("experiment"):
-        raise SystemExit(f"landscape_sessions: {path}: no recorder metadata (key "
-                         f"{META_KEY.decode()}): not a table record_landscape.py wrote")
     boots = session_boots(table.to_pylist(), meta)
     say(f"{path}: {len(boots)} measured boots in {len({b.session for b in boots})} "
         f"session(s); scores: the objective over the session's own baseline, and over the "
@@ -189,7 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.table).is_file():
         print(f"landscape_sessions: {args.table}: no such file", file=sys.stderr)
         return 2
-    return report(args.table)
+    try:
+        return report(args.table)
+    except ValueError as e:
+        print(f"landscape_sessions: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -806,6 +806,11 @@ def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
                      r"1\.140x\s+table\s+2\.000x", out), out
     assert sessions_mod.main([str(tmp_path / "none.parquet")]) == 2
     assert "no such file" in capsys.readouterr().err
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pq.read_table(table).replace_schema_metadata({}), plain)
+    assert sessions_mod.main([str(plain)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a recorded landscape" in err
 
 
 def test_a_row_belongs_to_the_last_session_started_before_its_boot() -> None:
