@@ -25,6 +25,7 @@ the same warm machine counts as a session of its own here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from landscapes import read_meta, score
+from landscapes import compiled_at_boot, read_meta, scored, session_index
 
 from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.space import STEPS
@@ -44,22 +45,14 @@ from specdecode_tune.space import STEPS
 
 @dataclass(frozen=True)
 class SessionBoot:
-    session: int             # the recorder's session (1 = the table's first)
+    session: int             # the recorder's session (1 = the table's first; 0: none said)
     point: dict[str, Any]
     repeat: int
     compiled: bool | None    # the boot compiled the engine's graphs (None: not recorded)
     kv_tokens: int | None
     tok_s: dict[int, float]
-    own: float | None        # score over its own session's baseline
-    table: float | None      # score over the table's mean baseline
-
-
-def session_of(started_at: float | None, starts: Sequence[float]) -> int | None:
-    """The 1-based index of the last session started at or before `started_at`."""
-    if started_at is None:
-        return None
-    found = [i for i, t in enumerate(starts, 1) if t <= started_at]
-    return found[-1] if found else None
+    own: float | None = None     # score over its own session's baseline
+    table: float | None = None   # score over the table's mean baseline
 
 
 def _mean(boots: Sequence[Mapping[int, float]]) -> dict[int, float]:
@@ -67,47 +60,30 @@ def _mean(boots: Sequence[Mapping[int, float]]) -> dict[int, float]:
     return {c: statistics.fmean(b[c] for b in boots) for c in sorted(levels)}
 
 
-def _score(tok_s: Mapping[int, float], base: Mapping[int, float],
-           weights: Mapping[int, float]) -> float | None:
-    used = [c for c, w in weights.items() if w > 0]
-    if not base or any(c not in tok_s or c not in base for c in used):
-        return None
-    return score(dict(tok_s), dict(base), dict(weights))
-
-
 def session_boots(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
                   ) -> list[SessionBoot]:
     """Every measured boot of the table, in the order booted, scored both ways."""
     weights = experiment_from_dict(meta["experiment"], where="the table's metadata"
                                    ).level_weights()
-    starts = [dt.datetime.fromisoformat(s["started_utc"]).timestamp()
-              for s in meta.get("sessions", []) if s.get("started_utc")]
-    # started_utc is cut to the second: a boot starts after its session did.
+    starts = sorted(dt.datetime.fromisoformat(s["started_utc"]).timestamp()
+                    for s in meta.get("sessions", []) if s.get("started_utc"))
     by_boot: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r.get("started_at") or 0.0):
         if r.get("status") == "ok" and r.get("output_tok_s"):
             by_boot.setdefault((r["point"], int(r["repeat"])), []).append(r)
-    raw = []
+    boots = []
     for (pid, repeat), rs in by_boot.items():
-        first = rs[0]
-        facts = json.loads(first.get("facts_json") or "{}")
-        compiled = None if "compiled_graphs" not in facts else facts["compiled_graphs"] > 0
-        raw.append((first.get("started_at") or 0.0, json.loads(pid), repeat, compiled,
-                    first.get("max_total_num_tokens"),
-                    session_of(first.get("started_at"), sorted(starts)),
-                    {int(r["concurrency"]): float(r["output_tok_s"]) for r in rs}))
-    raw.sort(key=lambda b: b[0])
-    bases: dict[int | None, list[dict[int, float]]] = {}
-    for _, point, _, _, _, sess, tok in raw:
-        if int(point.get(STEPS, 0)) == 0:
-            bases.setdefault(sess, []).append(tok)
+        i = session_index(rs[0].get("started_at"), starts)
+        boots.append(SessionBoot(0 if i is None else i + 1, json.loads(pid), repeat,
+                                 compiled_at_boot(rs[0]), rs[0].get("max_total_num_tokens"),
+                                 {int(r["concurrency"]): float(r["output_tok_s"]) for r in rs}))
+    bases: dict[int, list[dict[int, float]]] = {}
+    for b in boots:
+        if int(b.point.get(STEPS, 0)) == 0:
+            bases.setdefault(b.session, []).append(b.tok_s)
     table_base = _mean([t for ts in bases.values() for t in ts])
-    out = []
-    for _, point, repeat, compiled, kv, sess, tok in raw:
-        own_base = _mean(bases[sess]) if sess in bases else {}
-        out.append(SessionBoot(sess or 0, point, repeat, compiled, kv, tok,
-                               _score(tok, own_base, weights), _score(tok, table_base, weights)))
-    return out
+    return [dataclasses.replace(b, own=scored(b.tok_s, _mean(bases.get(b.session, [])), weights),
+                                table=scored(b.tok_s, table_base, weights)) for b in boots]
 
 
 @dataclass(frozen=True)
@@ -118,23 +94,20 @@ class Spread:
     table: float
 
 
+def _width(xs: Sequence[float | None]) -> float | None:
+    known = [x for x in xs if x is not None]
+    return max(known) - min(known) if known and len(known) == len(xs) else None
+
+
 def spreads(boots: Sequence[SessionBoot]) -> list[Spread]:
     """For each speculative point booted in two or more sessions, its boots' score spread."""
     by_point: dict[str, list[SessionBoot]] = {}
     for b in boots:
         if int(b.point.get(STEPS, 0)) > 0 and b.table is not None:
             by_point.setdefault(json.dumps(b.point, sort_keys=True), []).append(b)
-    out = []
-    for bs in by_point.values():
-        if len({b.session for b in bs}) < 2:
-            continue
-        owns = [b.own for b in bs]
-        tables = [b.table for b in bs if b.table is not None]
-        own = None if any(o is None for o in owns) else \
-            max(o for o in owns if o is not None) - min(o for o in owns if o is not None)
-        out.append(Spread(bs[0].point, tuple(b.session for b in bs), own,
-                          max(tables) - min(tables)))
-    return out
+    return [Spread(bs[0].point, tuple(b.session for b in bs), _width([b.own for b in bs]),
+                   _width([b.table for b in bs]) or 0.0)
+            for bs in by_point.values() if len({b.session for b in bs}) >= 2]
 
 
 def _short(point: Mapping[str, Any]) -> str:

@@ -32,7 +32,7 @@ import json
 import math
 import statistics
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from specdecode_tune.backends.speccounters import exactly_from_length
 from specdecode_tune.config import Experiment, experiment_from_dict
 from specdecode_tune.objective import RATIO_FLOOR
+from specdecode_tune.records import COMPILED_GRAPHS
 from specdecode_tune.samplers.model import (
     BASELINE_ATTR,
     MEASURED_ATTR,
@@ -127,10 +128,7 @@ class Landscape:
         return usable[int(_rng(seed, "baseline").integers(len(usable)))]
 
     def score_of(self, tok_s: dict[int, float], base: dict[int, float]) -> float | None:
-        weights = self.exp.level_weights()
-        if any(c not in tok_s or c not in base for c, w in weights.items() if w > 0):
-            return None
-        return score(tok_s, base, weights)
+        return scored(tok_s, base, self.exp.level_weights())
 
 
 def score(tok_s: dict[int, float], base: dict[int, float], weights: dict[int, float]) -> float:
@@ -138,6 +136,14 @@ def score(tok_s: dict[int, float], base: dict[int, float], weights: dict[int, fl
     num = sum(w * math.log(max(tok_s[c] / base[c], RATIO_FLOOR))
               for c, w in weights.items() if w > 0)
     return num / sum(w for w in weights.values() if w > 0)
+
+
+def scored(tok_s: Mapping[int, float], base: Mapping[int, float],
+           weights: Mapping[int, float]) -> float | None:
+    """`score`, or None where a weighted level is missing from either side."""
+    if any(c not in tok_s or c not in base for c, w in weights.items() if w > 0):
+        return None
+    return score(dict(tok_s), dict(base), dict(weights))
 
 
 def _rng(seed: int, what: str) -> np.random.Generator:
@@ -278,6 +284,28 @@ def landscape_of(path: str) -> Landscape:
 # The rows of a table that other weights served, set aside beside it by the recorder
 # (record_landscape.aside_path): kept, never replayed.
 OTHER_WEIGHTS = ".other-weights"
+
+
+def session_index(started_at: float | None, starts: Sequence[float]) -> int | None:
+    """Which recording session booted a row: the index in `starts` (the sessions' starts,
+    ascending, epoch seconds) of the last one at or before the row's `started_at`; None where
+    the row has no start or came before them all. A session's `started_utc` is cut to the
+    second, and a boot starts after its session did."""
+    if started_at is None:
+        return None
+    found = [i for i, t in enumerate(starts) if t <= float(started_at)]
+    return found[-1] if found else None
+
+
+def compiled_at_boot(row: Mapping[str, Any]) -> bool | None:
+    """Whether a row's boot compiled the engine's graphs at its start (the backend's fact
+    `records.COMPILED_GRAPHS`, kept in `facts_json`); None where the row does not say."""
+    try:
+        facts = json.loads(row.get("facts_json") or "{}")
+    except ValueError:
+        return None
+    n = facts.get(COMPILED_GRAPHS)
+    return None if n is None else float(n) > 0
 
 
 def recorded_paths(given: Sequence[str] | None) -> list[str]:

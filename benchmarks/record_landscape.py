@@ -62,7 +62,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from landscapes import OTHER_WEIGHTS, score
+from landscapes import OTHER_WEIGHTS, compiled_at_boot, score, session_index
 
 from specdecode_tune import procfs
 from specdecode_tune.backends import get_backend, preflight
@@ -71,7 +71,7 @@ from specdecode_tune.config import Experiment
 from specdecode_tune.config.experiment import experiment_from_dict
 from specdecode_tune.enginecache import expand_path
 from specdecode_tune.errors import ConfigError
-from specdecode_tune.records import COMPILED_GRAPHS, TrialResult
+from specdecode_tune.records import TrialResult
 from specdecode_tune.space import MEM, STEPS, as_served, resolve
 from specdecode_tune.store import rundir
 from specdecode_tune.telemetry import machine_gpu_uuids
@@ -332,14 +332,8 @@ def compiled_only(point: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -
     test pair, 2026-12-07): its figure is not the point's as a server that booted before
     serves it, and `--contenders` does not pass the point over on it."""
     pid = point_id(point)
-    facts = []
-    for r in rows:
-        if r["point"] == pid and r.get("status") == "ok":
-            try:
-                facts.append(json.loads(r.get("facts_json") or "{}"))
-            except ValueError:
-                facts.append({})
-    return bool(facts) and all(float(f.get(COMPILED_GRAPHS) or 0) > 0 for f in facts)
+    boots = [r for r in rows if r["point"] == pid and r.get("status") == "ok"]
+    return bool(boots) and all(compiled_at_boot(r) for r in boots)
 
 
 # ---------------------------------------------------------------------------- what was booted
@@ -389,16 +383,16 @@ def row_weights(rows: Sequence[Mapping[str, Any]], sessions: Sequence[Mapping[st
     """The fingerprint of the weights that served each row: its own, or, in rows recorded
     before rows kept it, that of the last session started before the row's boot (None where
     that session took none, or the row has no start)."""
-    starts = sorted((dt.datetime.fromisoformat(s["started_utc"]).timestamp(),
-                     s.get("model", {}).get("sha256")) for s in sessions if s.get("started_utc"))
+    started = sorted((dt.datetime.fromisoformat(s["started_utc"]).timestamp(),
+                      s.get("model", {}).get("sha256")) for s in sessions if s.get("started_utc"))
+    starts = [t for t, _ in started]
     out: list[str | None] = []
     for r in rows:
-        at = r.get("started_at")
         if r.get("weights"):
             out.append(str(r["weights"]))
-        else:     # started_utc is cut to the second: a boot starts after its session did
-            out.append(None if at is None else
-                       next((sha for t, sha in reversed(starts) if t <= float(at)), None))
+        else:
+            i = session_index(r.get("started_at"), starts)
+            out.append(None if i is None else started[i][1])
     return out
 
 

@@ -106,6 +106,25 @@ def table(rec: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
     return path
 
 
+def record_a_faster_session(rec: ModuleType, table: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later session adds a fourth repeat to `table` on a machine twice as fast: every
+    figure of the first repeat doubled, the baseline's too."""
+    import dataclasses
+
+    def faster(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
+        r = result_for(sampled, ctx.repeat % 3)
+        return dataclasses.replace(r, levels=tuple(
+            dataclasses.replace(lv, output_tok_s=2 * lv.output_tok_s) for lv in r.levels))
+
+    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
+    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
+    monkeypatch.setattr(rec, "run_trial", faster)
+    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
+                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
+                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+
+
 # ------------------------------------------------------------------------------- the recorder
 
 
@@ -233,21 +252,9 @@ def test_a_session_that_measures_the_same_points_otherwise_is_warned_about(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A later session on another machine (one measured the llama.cpp CPU grid 1.9x faster
     than the machine of the first) must not pass as more repeats of the same landscape."""
-    import dataclasses
-
     import pyarrow.parquet as pq
 
-    def faster(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
-        r = result_for(sampled, ctx.repeat % 3)
-        return dataclasses.replace(r, levels=tuple(
-            dataclasses.replace(lv, output_tok_s=2 * lv.output_tok_s) for lv in r.levels))
-
-    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
-    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
-    monkeypatch.setattr(rec, "run_trial", faster)
-    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
-                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
-                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    record_a_faster_session(rec, table, tmp_path, monkeypatch)
     err = capsys.readouterr().err
     meta = json.loads(pq.read_table(table).schema.metadata[b"landscape"])
     drift = meta["sessions"][-1]["drift"]
@@ -748,7 +755,6 @@ def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
     """A second session on a machine twice as fast (every figure doubled, the baseline's too):
     over its own baseline each boot scores as the first machine's boot of the same repeat
     figures; over the table's mean baseline it scores higher by the machine's factor."""
-    import dataclasses
     import datetime as dt
 
     import pyarrow.parquet as pq
@@ -765,17 +771,7 @@ def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
         r["started_at"] -= 3600.0
     rec.write_table(table, rows, first_t.schema, first_meta)
 
-    def faster(exp: Any, sampled: dict[str, Any], ctx: Any, **_kw: Any) -> TrialResult:
-        r = result_for(sampled, 0)
-        return dataclasses.replace(r, levels=tuple(
-            dataclasses.replace(lv, output_tok_s=2 * lv.output_tok_s) for lv in r.levels))
-
-    monkeypatch.setattr(rec, "preflight", lambda cfg: None)
-    monkeypatch.setattr(rec, "engine_version", lambda exp: "version: 1 (test)")
-    monkeypatch.setattr(rec, "run_trial", faster)
-    assert rec.main(["--experiment", str(EXPERIMENT), "--axis", f"{STEPS}=0-3", "--axis",
-                     f"{NGRAM}=1,2", "--repeats", "4", "--duration-s", "3", "--out",
-                     str(table), "--run-dir", str(tmp_path / "runs")]) == 0
+    record_a_faster_session(rec, table, tmp_path, monkeypatch)
     t = pq.read_table(table)
     meta = json.loads(t.schema.metadata[b"landscape"])
     boots = sessions_mod.session_boots(t.to_pylist(), meta)
@@ -813,8 +809,8 @@ def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
     assert err.count("\n") == 1 and "not a recorded landscape" in err
 
 
-def test_a_row_belongs_to_the_last_session_started_before_its_boot() -> None:
-    sessions_mod = _load("landscape_sessions")
+def test_a_row_belongs_to_the_last_session_started_before_its_boot(
+        land_mod: ModuleType) -> None:
     starts = [100.0, 200.0, 300.0]
-    assert [sessions_mod.session_of(t, starts) for t in (99.0, 100.0, 250.0, 300.5, None)] \
-        == [None, 1, 2, 3, None]
+    assert [land_mod.session_index(t, starts) for t in (99.0, 100.0, 250.0, 300.5, None)] \
+        == [None, 0, 1, 2, None]
