@@ -453,21 +453,35 @@ def tied(land: Landscape) -> set[Key]:
     recorded repeats' scores). A point's truth is a mean of a few noisy boots (two repeats of
     one H200 point differed by 15%): where the top of a flat landscape lies within that error,
     "the optimum" is the point that drew the luckiest repeats, and reaching exactly it measures
-    luck. The benchmark reports both, the 98% first."""
+    luck. The benchmark reports both, the 98% first.
+
+    A point booted once has no spread of its own: it takes the table's (`noise_sigma`, a
+    repeat's sd over the repeated points). Without that, a table whose optimum was booted once
+    (`--contenders` repeats only the points near the best, and a session can end before its
+    repeat) tied nothing to it, and a one-boot point trailing by a hair stayed ranked below."""
+    sigma = noise_sigma(land)
     best = land.optimum
-    b = repeat_scores(land, best)
+    var_b = _mean_var(repeat_scores(land, best), sigma)
     out = set()
     for key, score_ in land.scores.items():
         if score_ >= land.threshold - 1e-12:
             out.add(key)
             continue
-        r = repeat_scores(land, key)
-        if len(r) < 2 or len(b) < 2 or score_ <= INFEASIBLE_SCORE:
+        var_r = _mean_var(repeat_scores(land, key), sigma)
+        if var_b is None or var_r is None or score_ <= INFEASIBLE_SCORE:
             continue
-        se = math.sqrt(statistics.variance(b) / len(b) + statistics.variance(r) / len(r))
-        if land.best - score_ <= se:
+        if land.best - score_ <= math.sqrt(var_b + var_r):
             out.add(key)
     return out
+
+
+def _mean_var(repeats: Sequence[float], sigma: float) -> float | None:
+    """The variance of a point's mean score: from its repeats' spread, or, booted once, from
+    the table's sd of a repeat; None where neither is known (no repeat, or no point of the
+    table repeated)."""
+    if len(repeats) >= 2:
+        return statistics.variance(repeats) / len(repeats)
+    return sigma ** 2 if len(repeats) == 1 and sigma > 0 else None
 
 
 @dataclass(frozen=True)
@@ -487,9 +501,13 @@ def resampled_scores(land: Landscape, resamples: int, seed: int = 0
                      ) -> Iterator[dict[Key, float]]:
     """The table's true scores as another recording of as many repeats might have measured
     them: each point's repeats (and the baseline's) drawn with replacement, the means
-    recomputed (the bootstrap). Points without a measured repeat are left out."""
+    recomputed (the bootstrap). Points without a measured repeat are left out. A point booted
+    once would come back unchanged from every resample, as if its one boot were its truth: its
+    score is drawn instead about that boot with the table's sd of a repeat (`noise_sigma`;
+    a parametric draw, where the repeats give none)."""
     rng = np.random.default_rng(seed)
     weights = land.exp.level_weights()
+    sigma = noise_sigma(land)
     base = [b for b in land.baseline if b.measured]
     booted = {k: ok for k in land.points
               if land.scores[k] > INFEASIBLE_SCORE
@@ -501,6 +519,8 @@ def resampled_scores(land: Landscape, resamples: int, seed: int = 0
             mean = _mean_tok_s([ok[i] for i in rng.integers(len(ok), size=len(ok))])
             if all(c in mean and c in bm for c, w in weights.items() if w > 0):
                 scores[k] = score(mean, bm, weights)
+                if len(ok) == 1 and sigma > 0:
+                    scores[k] += float(rng.normal(0.0, sigma))
         yield scores
 
 
@@ -576,9 +596,13 @@ def describe(land: Landscape) -> list[str]:
     st = optimum_stability(land)
     others = ", ".join(f"{_short(dict(zip(land.names, k, strict=True)))} {v:.0%}"
                        for k, v in list(st.argmax_share.items())[:4] if k != land.optimum)
+    once = sum(1 for k in land.points if len(repeat_scores(land, k)) == 1)
+    drawn = (f"; the {once} point(s) booted once drawn with a repeat's sd"
+             if once and noise_sigma(land) > 0 else "")
     lines.append(f"the optimum under resampling ({st.resamples} bootstrap resamples of the "
-                 f"repeats): argmax in {st.optimum_share:.0%} (others: {others or 'none'}); "
-                 f"within 2% of the resample's argmax in {st.within_share:.0%}; "
+                 f"repeats{drawn}): argmax in {st.optimum_share:.0%} (others: "
+                 f"{others or 'none'}); within 2% of the resample's argmax in "
+                 f"{st.within_share:.0%}; "
                  f"{st.near_points:.1f} points within 2% on average")
     if feasible:
         lo, med = min(feasible), statistics.median(feasible)

@@ -452,6 +452,45 @@ def test_the_optimums_bootstrap_says_how_firmly_the_recording_names_it(
     assert any("argmax in 100%" in line for line in land_mod.describe(firm))
 
 
+def test_a_point_booted_once_takes_the_tables_repeat_spread(
+        land_mod: ModuleType, table: Path) -> None:
+    """`--contenders` leaves points booted once, and a session can end before the best
+    point's repeat (vLLM's H100 table, 2026-12-08: its optimum booted once). Such a point has
+    no spread of its own: it takes the table's sd of a repeat (`noise_sigma`, here ~0.036),
+    so a one-boot runner-up 4% behind a one-boot optimum is tied to it and one 29% behind is
+    not; and resampled, the two change places in a share of the tables, where the one boot
+    of each would have come back unchanged, the optimum named in every resample."""
+    import dataclasses
+
+    land = land_mod.load_landscape(table)
+    Boot = land_mod.Boot
+
+    def once(v: float) -> tuple[Any, ...]:
+        return (Boot(0, "ok", "", {1: v, 4: 2 * v}, (), {}),)
+
+    def three(*vs: float) -> tuple[Any, ...]:
+        return tuple(Boot(i, "ok", "", {1: v, 4: 2 * v}, (), {}) for i, v in enumerate(vs))
+
+    w = land.exp.level_weights()
+    points = {**land.points, (1, 2): once(161.0), (3, 1): once(155.0), (1, 1): once(120.0),
+              (2, 1): three(126.0, 130.0, 128.0)}
+    scores = {k: (land_mod.score(land_mod._mean_tok_s(v), land.base_mean, w)
+                  if land.scores[k] > INFEASIBLE_SCORE else land.scores[k])
+              for k, v in points.items()}
+    one = dataclasses.replace(land, points=points, scores=scores)
+    sigma = land_mod.noise_sigma(one)
+    assert 0.03 < sigma < 0.08
+    gap = scores[(1, 2)] - scores[(3, 1)]
+    assert sigma < gap < sigma * math.sqrt(2)          # inside the difference's error
+    assert one.optimum == (1, 2)
+    assert land_mod.tied(one) == {(1, 2), (3, 1)}
+    st = land_mod.optimum_stability(one, resamples=400, seed=1)
+    assert set(st.argmax_share) == {(1, 2), (3, 1)}
+    assert 0.6 < st.optimum_share < 0.95
+    assert any("3 point(s) booted once drawn with a repeat's sd" in line
+               for line in land_mod.describe(one))
+
+
 def test_boots_to_a_resampled_optimum(land_mod: ModuleType, table: Path) -> None:
     """The third view: each resampled table's optimum, and the points within 2% of it, are
     among (1, 2) and (2, 1) (the two the recording cannot tell apart), never (3, 2) or
@@ -814,3 +853,4 @@ def test_a_row_belongs_to_the_last_session_started_before_its_boot(
     starts = [100.0, 200.0, 300.0]
     assert [land_mod.session_index(t, starts) for t in (99.0, 100.0, 250.0, 300.5, None)] \
         == [None, 0, 1, 2, None]
+
