@@ -854,3 +854,34 @@ def test_a_row_belongs_to_the_last_session_started_before_its_boot(
     assert [land_mod.session_index(t, starts) for t in (99.0, 100.0, 250.0, 300.5, None)] \
         == [None, 0, 1, 2, None]
 
+
+def test_the_sessions_machines_are_fitted_from_the_points_they_share(
+        land_mod: ModuleType) -> None:
+    """Three sessions, no noise: the second machine runs everything twice as fast, and only the
+    second booted K 3; the third booted one point no other did. The fit finds the factor from
+    the baseline and K 1 (both booted twice), scores K 3 at its own 2x where the table's mean
+    baseline makes it 2.67x, predicts a held-out boot exactly where the point's other boots
+    miss by the factor, and says which session it cannot place."""
+    sessions_mod = _load("landscape_sessions")
+    SB = sessions_mod.SessionBoot
+
+    def boot(session: int, steps: int, tok: float) -> Any:
+        return SB(session, {STEPS: steps}, 0, None, None, {1: tok, 4: 2 * tok})
+
+    boots = [boot(1, 0, 100.0), boot(1, 1, 150.0), boot(1, 2, 120.0),
+             boot(2, 0, 200.0), boot(2, 1, 300.0), boot(2, 3, 400.0), boot(3, 4, 500.0)]
+    fit = sessions_mod.machine_fit(boots)
+    for c in (1, 4):
+        assert math.exp(fit.sessions[2][c] - fit.sessions[1][c]) == pytest.approx(2.0, rel=1e-3)
+    assert sessions_mod.unlinked(boots) == {3}
+    cal = {json.loads(p)[STEPS]: math.exp(v)
+           for p, v in sessions_mod.calibrated_scores(fit, {1: 1.0, 4: 1.0}).items()}
+    assert cal[1] == pytest.approx(1.5, rel=1e-3) and cal[2] == pytest.approx(1.2, rel=1e-3)
+    assert cal[3] == pytest.approx(2.0, rel=1e-3)         # over the table's mean: 400/150
+    n, plain, fitted = sessions_mod.leave_one_out(boots)
+    assert n == 8                                         # 2 points x 2 boots x 2 levels
+    assert plain == pytest.approx(math.log(2.0)) and fitted < 0.01
+    lines: list[str] = []
+    sessions_mod.machines(boots, {1: 1.0, 4: 1.0}, say=lines.append)
+    assert any(line.startswith("  session 3:") and "shares no point" in line for line in lines)
+    assert "(100% less)" in lines[-1] or "(99% less)" in lines[-1]
