@@ -364,3 +364,11 @@ def test_vllm_gpu_grid_searches_the_grid_docs_gpu_records_with_the_schedule_vali
     assert grid.objective.weights == vg.objective.weights
     (first,) = grid.search.enqueue
     assert all(first[s.name] in s.choices for s in grid.space)
+    # ... and the table that grid recorded (whole since 2026-12-08), which its pick is held
+    # against, has those axes
+    import pyarrow.parquet as pq
+
+    table = REPO / "benchmarks" / "data" / "vllm-gpu-h100.parquet"
+    meta = json.loads(pq.read_schema(table).metadata[b"landscape"])
+    assert {name: tuple(v for v in vals if not (name == "speculative_num_steps" and v == 0))
+            for name, vals in meta["axes"]} == axes
