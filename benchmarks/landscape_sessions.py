@@ -20,8 +20,8 @@ its session's, least squares), each point scored with them taken out (`calibrate
 a leave-one-out check says whether the fit predicts a held-out boot better than the point's
 other boots do (`leave_one_out`). On vLLM's H100 table (2026-12-08) it did by 3% (rms 0.257
 against 0.265 log, per level), on SGLang's not at all (0.097 against 0.091): the sessions'
-machines differed (0.77-1.31x), but two boots of one point differ by more, and the replay keeps
-the table's mean.
+machines differed (0.77-1.31x), but not by one factor a machine, and the replay keeps the
+table's mean.
 
     python benchmarks/landscape_sessions.py benchmarks/data/vllm-gpu-h100.parquet
 
