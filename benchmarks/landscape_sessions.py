@@ -12,7 +12,10 @@ Here each boot is scored twice, with the replay's objective (`landscapes.score`)
 and, for each point booted in two or more sessions, the spread of its boots' scores (the largest
 minus the smallest, log units) under each. Where the own-baseline spread is the smaller, the
 sessions' machines differ and the table's ranking carries which session booted which point;
-where it is not, two boots of one point differ by more than their machines do.
+where it is not, two boots of one point differ by more than their machines do. Every two boots
+of one point are then split by whether one session booted both (`pair_gaps`): one machine's
+noise against a machine's way with the point on top of it (vLLM's H100 table has no pair in
+one session, so it cannot split the two; llama.cpp's H200 table 1.076x in one, 1.085x across).
 
 The baseline is one boot a session, as noisy as any: last, the sessions' machines are fitted
 from every point two sessions share (`machine_fit`: per level, log tok/s = the point's effect +
@@ -120,6 +123,28 @@ def spreads(boots: Sequence[SessionBoot]) -> list[Spread]:
             for bs in by_point.values() if len({b.session for b in bs}) >= 2]
 
 
+def _pid(point: Mapping[str, Any]) -> str:
+    return json.dumps(dict(point), sort_keys=True)
+
+
+def pair_gaps(boots: Sequence[SessionBoot]) -> tuple[list[float], list[float]]:
+    """Every two boots of one speculative point: the gap between their scores (log units),
+    (those in one session, those across two). One session's pairs are one machine's boot-to-
+    boot noise; across sessions a machine's way with the point comes on top of it."""
+    by_point: dict[str, list[SessionBoot]] = {}
+    for b in boots:
+        if int(b.point.get(STEPS, 0)) > 0 and b.table is not None:
+            by_point.setdefault(_pid(b.point), []).append(b)
+    same: list[float] = []
+    cross: list[float] = []
+    for bs in by_point.values():
+        for i, a in enumerate(bs):
+            for b in bs[i + 1:]:
+                assert a.table is not None and b.table is not None
+                (same if a.session == b.session else cross).append(abs(a.table - b.table))
+    return same, cross
+
+
 @dataclass(frozen=True)
 class MachineFit:
     """Per level, log tok/s = the point's effect + its session's (least squares over every
@@ -132,10 +157,6 @@ class MachineFit:
 
 
 RIDGE = 1e-3
-
-
-def _pid(point: Mapping[str, Any]) -> str:
-    return json.dumps(dict(point), sort_keys=True)
 
 
 def machine_fit(boots: Sequence[SessionBoot]) -> MachineFit:
@@ -253,6 +274,13 @@ def report(path: str, say: Any = print) -> int:
         say(f"median spread over the {len(both)} point(s) with a baseline in each session: "
             f"own {_x(statistics.median(s.own for s in both if s.own is not None))}, table "
             f"{_x(statistics.median(s.table for s in both))}")
+    same, cross = pair_gaps(boots)
+    say("two boots of one point, the gap between their scores (median): "
+        + (f"in one session {_x(statistics.median(same))} over {len(same)} pair(s)" if same
+           else "no point was booted twice in one session, so the table cannot tell a "
+                "machine's way with a point from a boot's noise")
+        + (f"; across sessions {_x(statistics.median(cross))} over {len(cross)}" if cross
+           else ""))
     machines(boots, experiment_from_dict(meta["experiment"], where="the table's metadata"
                                          ).level_weights(), say)
     return 0

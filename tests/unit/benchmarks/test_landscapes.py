@@ -834,8 +834,15 @@ def test_each_boot_is_scored_over_its_own_sessions_baseline_and_the_tables(
     assert [b.compiled for b in boots if b.point == {STEPS: 3, NGRAM: 2}][:1] == [True]
     assert ((NGRAM, 2), (STEPS, 2)) not in spread                   # refused every time
 
+    # two boots of a point in one session differ by its noise; across, by the machine's 2x too
+    same, cross = sessions_mod.pair_gaps(boots)
+    # (1, 1), (1, 2), (2, 1), (3, 2): 3 boots in session 1; (3, 1) 2 (refused once); 1 each in 2
+    assert len(same) == 3 + 3 + 3 + 3 + 1 and len(cross) == 3 + 3 + 3 + 3 + 2
+    assert max(same) < math.log(1.2) and statistics.median(cross) > math.log(1.5)
     assert sessions_mod.main([str(table)]) == 0
     out = capsys.readouterr().out
+    assert re.search(r"in one session 1\.\d+x over 13 pair\(s\); across sessions [12]\.\d+x "
+                     r"over 14", out), out
     assert "23 measured boots in 2 session(s)" in out     # 28 less the 5 refused
     assert re.search(r"num_steps=1 spec_ngram_simple_size_n=2\s+sessions 1,1,1,2\s+own\s+"
                      r"1\.140x\s+table\s+2\.000x", out), out
