@@ -73,11 +73,25 @@ def _mean(boots: Sequence[Mapping[int, float]]) -> dict[int, float]:
     return {c: statistics.fmean(b[c] for b in boots) for c in sorted(levels)}
 
 
-def session_boots(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
-                  ) -> list[SessionBoot]:
-    """Every measured boot of the table, in the order booted, scored both ways."""
-    weights = experiment_from_dict(meta["experiment"], where="the table's metadata"
-                                   ).level_weights()
+def _weights(meta: Mapping[str, Any]) -> dict[int, float]:
+    """The objective's level weights of the experiment the table recorded."""
+    return experiment_from_dict(meta["experiment"], where="the table's metadata"
+                                ).level_weights()
+
+
+def _pid(point: Mapping[str, Any]) -> str:
+    return json.dumps(dict(point), sort_keys=True)
+
+
+def _speculative(point: Mapping[str, Any]) -> bool:
+    return int(point.get(STEPS, 0)) > 0
+
+
+def session_boots(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
+                  weights: Mapping[int, float] | None = None) -> list[SessionBoot]:
+    """Every measured boot of the table, in the order booted, scored both ways (with the
+    table's own objective weights unless given)."""
+    weights = _weights(meta) if weights is None else weights
     starts = sorted(dt.datetime.fromisoformat(s["started_utc"]).timestamp()
                     for s in meta.get("sessions", []) if s.get("started_utc"))
     by_boot: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
@@ -92,7 +106,7 @@ def session_boots(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]
                                  {int(r["concurrency"]): float(r["output_tok_s"]) for r in rs}))
     bases: dict[int, list[dict[int, float]]] = {}
     for b in boots:
-        if int(b.point.get(STEPS, 0)) == 0:
+        if not _speculative(b.point):
             bases.setdefault(b.session, []).append(b.tok_s)
     table_base = _mean([t for ts in bases.values() for t in ts])
     return [dataclasses.replace(b, own=scored(b.tok_s, _mean(bases.get(b.session, [])), weights),
@@ -112,32 +126,36 @@ def _width(xs: Sequence[float | None]) -> float | None:
     return max(known) - min(known) if known and len(known) == len(xs) else None
 
 
+def _scored_by_point(boots: Sequence[SessionBoot]) -> dict[str, list[SessionBoot]]:
+    """The speculative boots with a table score, by point."""
+    out: dict[str, list[SessionBoot]] = {}
+    for b in boots:
+        if _speculative(b.point) and b.table is not None:
+            out.setdefault(_pid(b.point), []).append(b)
+    return out
+
+
+def _sessions_by_point(boots: Sequence[SessionBoot]) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for b in boots:
+        out.setdefault(_pid(b.point), set()).add(b.session)
+    return out
+
+
 def spreads(boots: Sequence[SessionBoot]) -> list[Spread]:
     """For each speculative point booted in two or more sessions, its boots' score spread."""
-    by_point: dict[str, list[SessionBoot]] = {}
-    for b in boots:
-        if int(b.point.get(STEPS, 0)) > 0 and b.table is not None:
-            by_point.setdefault(json.dumps(b.point, sort_keys=True), []).append(b)
     return [Spread(bs[0].point, tuple(b.session for b in bs), _width([b.own for b in bs]),
                    _width([b.table for b in bs]) or 0.0)
-            for bs in by_point.values() if len({b.session for b in bs}) >= 2]
-
-
-def _pid(point: Mapping[str, Any]) -> str:
-    return json.dumps(dict(point), sort_keys=True)
+            for bs in _scored_by_point(boots).values() if len({b.session for b in bs}) >= 2]
 
 
 def pair_gaps(boots: Sequence[SessionBoot]) -> tuple[list[float], list[float]]:
     """Every two boots of one speculative point: the gap between their scores (log units),
     (those in one session, those across two). One session's pairs are one machine's boot-to-
     boot noise; across sessions a machine's way with the point comes on top of it."""
-    by_point: dict[str, list[SessionBoot]] = {}
-    for b in boots:
-        if int(b.point.get(STEPS, 0)) > 0 and b.table is not None:
-            by_point.setdefault(_pid(b.point), []).append(b)
     same: list[float] = []
     cross: list[float] = []
-    for bs in by_point.values():
+    for bs in _scored_by_point(boots).values():
         for i, a in enumerate(bs):
             for b in bs[i + 1:]:
                 assert a.table is not None and b.table is not None
@@ -162,6 +180,7 @@ RIDGE = 1e-3
 def machine_fit(boots: Sequence[SessionBoot]) -> MachineFit:
     pids = sorted({_pid(b.point) for b in boots})
     sess = sorted({b.session for b in boots})
+    col = {p: i for i, p in enumerate(pids)} | {s: len(pids) + j for j, s in enumerate(sess)}
     out_s: dict[int, dict[int, float]] = {s: {} for s in sess}
     out_p: dict[str, dict[int, float]] = {p: {} for p in pids}
     for c in sorted({c for b in boots for c in b.tok_s}):
@@ -169,8 +188,8 @@ def machine_fit(boots: Sequence[SessionBoot]) -> MachineFit:
         x = np.zeros((len(rows) + len(sess), len(pids) + len(sess)))
         y = np.zeros(len(rows) + len(sess))
         for i, b in enumerate(rows):
-            x[i, pids.index(_pid(b.point))] = 1.0
-            x[i, len(pids) + sess.index(b.session)] = 1.0
+            x[i, col[_pid(b.point)]] = 1.0
+            x[i, col[b.session]] = 1.0
             y[i] = math.log(b.tok_s[c])
         for j in range(len(sess)):
             x[len(rows) + j, len(pids) + j] = math.sqrt(RIDGE)
@@ -186,24 +205,20 @@ def machine_fit(boots: Sequence[SessionBoot]) -> MachineFit:
 
 def unlinked(boots: Sequence[SessionBoot]) -> set[int]:
     """The sessions that booted no point another session booted too."""
-    by_point: dict[str, set[int]] = {}
-    for b in boots:
-        by_point.setdefault(_pid(b.point), set()).add(b.session)
-    shared = {s for ss in by_point.values() if len(ss) > 1 for s in ss}
+    shared = {s for ss in _sessions_by_point(boots).values() if len(ss) > 1 for s in ss}
     return {b.session for b in boots} - shared
 
 
 def calibrated_scores(fit: MachineFit, weights: Mapping[int, float]) -> dict[str, float]:
     """Each point's score with the machines taken out: its effects over the baseline's, the
-    objective's weighted mean over the levels; points missing a weighted level left out."""
-    base = next((e for p, e in fit.points.items() if int(json.loads(p).get(STEPS, 0)) == 0),
-                None)
+    objective (`landscapes.scored`) over the levels; points missing a weighted level left
+    out."""
+    effects = {p: {c: math.exp(v) for c, v in e.items()} for p, e in fit.points.items()}
+    base = next((e for p, e in effects.items() if not _speculative(json.loads(p))), None)
     if base is None:
         return {}
-    used = {c: w for c, w in weights.items() if w > 0}
-    return {p: sum(w * (e[c] - base[c]) for c, w in used.items()) / sum(used.values())
-            for p, e in fit.points.items()
-            if int(json.loads(p).get(STEPS, 0)) > 0 and all(c in e and c in base for c in used)}
+    return {p: v for p, e in effects.items() if _speculative(json.loads(p))
+            and (v := scored(e, base, weights)) is not None}
 
 
 def leave_one_out(boots: Sequence[SessionBoot]) -> tuple[int, float, float] | None:
@@ -212,9 +227,7 @@ def leave_one_out(boots: Sequence[SessionBoot]) -> tuple[int, float, float] | No
     point's other boots (the table's view), and by the fit of the others (the point's effect
     plus the held-out boot's session's). (boot-levels, rms error of each), None where no point
     was booted in two sessions."""
-    sessions_of: dict[str, set[int]] = {}
-    for b in boots:
-        sessions_of.setdefault(_pid(b.point), set()).add(b.session)
+    sessions_of = _sessions_by_point(boots)
     plain: list[float] = []
     fitted: list[float] = []
     for i, b in enumerate(boots):
@@ -248,8 +261,8 @@ def _x(v: float | None) -> str:
 
 def report(path: str, say: Any = print) -> int:
     meta = read_meta(path)        # ValueError: not a table the recorder wrote
-    table = pq.read_table(path)
-    boots = session_boots(table.to_pylist(), meta)
+    weights = _weights(meta)
+    boots = session_boots(pq.read_table(path).to_pylist(), meta, weights)
     say(f"{path}: {len(boots)} measured boots in {len({b.session for b in boots})} "
         f"session(s); scores: the objective over the session's own baseline, and over the "
         f"table's mean baseline (the replay's)")
@@ -281,8 +294,7 @@ def report(path: str, say: Any = print) -> int:
                 "machine's way with a point from a boot's noise")
         + (f"; across sessions {_x(statistics.median(cross))} over {len(cross)}" if cross
            else ""))
-    machines(boots, experiment_from_dict(meta["experiment"], where="the table's metadata"
-                                         ).level_weights(), say)
+    machines(boots, weights, say)
     return 0
 
 

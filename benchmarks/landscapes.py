@@ -589,16 +589,18 @@ def describe(land: Landscape) -> list[str]:
     lines.append(f"optimum {_short(opt)}: {math.exp(land.best):.2f}x the baseline (mean of "
                  f"{sum(1 for b in land.points[land.optimum] if b.measured)} repeats); "
                  f"{near} of {len(land.scores)} points within 2% of it; {refused} refused")
-    lines.append(f"{len(tied(land))} points the recording cannot rank below the optimum "
+    near_keys = sorted(tied(land))
+    lines.append(f"{len(near_keys)} points the recording cannot rank below the optimum "
                  f"(within 2%, or trailing it by at most one standard error of the difference "
                  f"of the means): " + ", ".join(_short(dict(zip(land.names, k, strict=True)))
-                                               for k in sorted(tied(land))))
+                                               for k in near_keys))
     st = optimum_stability(land)
     others = ", ".join(f"{_short(dict(zip(land.names, k, strict=True)))} {v:.0%}"
                        for k, v in list(st.argmax_share.items())[:4] if k != land.optimum)
+    sigma = noise_sigma(land)
     once = sum(1 for k in land.points if len(repeat_scores(land, k)) == 1)
     drawn = (f"; the {once} point(s) booted once drawn with a repeat's sd"
-             if once and noise_sigma(land) > 0 else "")
+             if once and sigma > 0 else "")
     lines.append(f"the optimum under resampling ({st.resamples} bootstrap resamples of the "
                  f"repeats{drawn}): argmax in {st.optimum_share:.0%} (others: "
                  f"{others or 'none'}); within 2% of the resample's argmax in "
@@ -608,7 +610,7 @@ def describe(land: Landscape) -> list[str]:
         lo, med = min(feasible), statistics.median(feasible)
         lines.append(f"flatness: median point at {math.exp(med - land.best):.1%} of the "
                      f"optimum, worst at {math.exp(lo - land.best):.1%}; a repeat's score "
-                     f"varies by {noise_sigma(land):.3f} (sd, log units; replay noise band "
+                     f"varies by {sigma:.3f} (sd, log units; replay noise band "
                      f"{noise_band(land):.3f})")
     return lines
 
